@@ -1,0 +1,42 @@
+# Everything starts from a bare checkout and a Python 3.11 with pip.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TARGET ?= qwen2.5-coder-1.5b-instruct
+DRAFT ?= qwen2.5-coder-0.5b-instruct
+export RAY_AUTH_MODE := disabled
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install dev serve test bench clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# Stamps re-run the install when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+dev: $(VENV)/.installed-dev
+
+serve: install
+	$(BIN)/specdec models prepare $(TARGET) $(DRAFT)
+	$(BIN)/specdec serve --target $(TARGET) --draft $(DRAFT)
+
+test: dev
+	$(BIN)/specdec models prepare smollm2-135m-instruct
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+bench: dev
+	$(BIN)/specdec models prepare $(TARGET) $(DRAFT)
+	$(BIN)/specdec bench generate --target $(TARGET) --draft $(DRAFT) --dtype bfloat16 \
+		--prompts humaneval:8 --max-tokens 128 --json bench/out/generate.json
+
+clean-venv:
+	rm -rf $(VENV)

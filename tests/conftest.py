@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny random models (built once per session) and the SmolLM2-135M pack."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SMOLLM = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def tiny_paths(tmp_path_factory):
+    """{'llama': path, 'qwen2': path, 'llama-draft': path} of tiny random models."""
+    from specdec.tiny import make_tiny_draft, make_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    paths = {arch: make_tiny_model(root / arch, arch=arch, seed=i) for i, arch in enumerate(("llama", "qwen2"))}
+    paths["llama-draft"] = make_tiny_draft(paths["llama"], root / "llama-draft")
+    return paths
+
+
+@pytest.fixture(scope="session")
+def smollm_path():
+    """The converted SmolLM2-135M pack (`make test` prepares it before the suite runs)."""
+    from specdec import packs
+
+    return packs.prepare_pack(SMOLLM, progress=False)
+
+
+def load_hf(path, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()

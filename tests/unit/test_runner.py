@@ -1,0 +1,100 @@
+"""The runner's logits equal transformers' forward on the same tokens (float32, <= 1e-4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.runner import ContextFull, ModelRunner, RunnerError, SlotsExhausted
+from tests.conftest import load_hf
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "smollm2"])
+def model(request, tiny_paths):
+    if request.param == "smollm2":
+        path = request.getfixturevalue("smollm_path")
+    else:
+        path = tiny_paths[request.param]
+    return load_hf(path)
+
+
+def _sequences(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def _reference(model, seq: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([seq])).logits[0].float()
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.shape == want.shape
+    diff = (got - want).abs().max().item()
+    assert diff <= TOL, f"max abs diff {diff}"
+
+
+def test_prefill_decode_verify_rollback(model):
+    vocab = model.config.vocab_size
+    seqs = _sequences(vocab, [24, 17, 30])
+    refs = [_reference(model, s) for s in seqs]
+    runner = ModelRunner(model, num_slots=4, max_len=64)
+    slots = [runner.alloc_slot() for _ in seqs]
+
+    # Ragged prefill: all logits of each row.
+    cut = [9, 4, 13]
+    out = runner.forward(slots, [s[:c] for s, c in zip(seqs, cut)], num_logits=cut)
+    for o, ref, c in zip(out, refs, cut):
+        _close(o, ref[:c])
+
+    # Batched single-token decode.
+    out = runner.forward(slots, [[s[c]] for s, c in zip(seqs, cut)])
+    for o, ref, c in zip(out, refs, cut):
+        _close(o, ref[c: c + 1])
+    cut = [c + 1 for c in cut]
+
+    # Ragged multi-token verify (k+1 differs per row).
+    add = [6, 2, 4]
+    out = runner.forward(slots, [s[c: c + a] for s, c, a in zip(seqs, cut, add)], num_logits=add)
+    for o, ref, c, a in zip(out, refs, cut, add):
+        _close(o, ref[c: c + a])
+    cut = [c + a for c, a in zip(cut, add)]
+    assert [runner.lengths[s] for s in slots] == cut
+
+    # Roll back rejected tokens, then re-extend with different tokens: logits follow the new text.
+    runner.rollback(slots[0], cut[0] - 3)
+    other = seqs[0][: cut[0] - 3] + [(t + 7) % vocab for t in seqs[0][cut[0] - 3:]]
+    other_ref = _reference(model, other)
+    out = runner.forward([slots[0]], [other[cut[0] - 3: cut[0] + 2]], num_logits=5)
+    _close(out[0], other_ref[cut[0] - 3: cut[0] + 2])
+    assert runner.slot_tokens[slots[0]] == other[: cut[0] + 2]
+
+
+def test_mixed_prefill_and_decode_in_one_batch(model):
+    vocab = model.config.vocab_size
+    a, b = _sequences(vocab, [12, 20], seed=3)
+    runner = ModelRunner(model, num_slots=2, max_len=32)
+    sa, sb = runner.alloc_slot(), runner.alloc_slot()
+    runner.forward([sa], [a[:11]], num_logits=0)
+    out = runner.forward([sa, sb], [[a[11]], b], num_logits=[1, 1])
+    _close(out[0], _reference(model, a)[11:12])
+    _close(out[1], _reference(model, b)[-1:])
+
+
+def test_slots_and_context_errors(tiny_paths):
+    model = load_hf(tiny_paths["llama"])
+    runner = ModelRunner(model, num_slots=2, max_len=8)
+    s0, s1 = runner.alloc_slot(), runner.alloc_slot()
+    with pytest.raises(SlotsExhausted, match="2 KV-cache slots"):
+        runner.alloc_slot()
+    runner.free_slot(s1)
+    assert runner.alloc_slot() == s1
+    with pytest.raises(ContextFull, match="exceed the context of 8"):
+        runner.forward([s0], [list(range(9))])
+    with pytest.raises(RunnerError, match="token ids"):
+        runner.forward([s0], [[model.config.vocab_size]])
+    with pytest.raises(RunnerError, match="roll"):
+        runner.rollback(s0, 3)
+    assert runner.lengths[s0] == 0  # failed calls changed nothing
