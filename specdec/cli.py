@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from specdec import packs
+from specdec.cli_bench import add_bench
+from specdec.cli_generate import add_generate
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,7 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- entry point
 
-_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models]
+_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models, add_generate, add_bench]
 
 
 def _build_parser() -> argparse.ArgumentParser:

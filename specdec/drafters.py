@@ -1,0 +1,142 @@
+"""Drafters: propose up to k tokens per sequence behind one small interface.
+
+A drafter sees each sequence as the full list of committed tokens (prompt + generated). It keeps
+whatever cache it likes keyed by request id, and must rebuild it from those tokens when it is
+missing or stale (a restarted worker, a rollback): the committed tokens are the truth.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specdec.ngram import NgramDrafter
+from specdec.runner import ModelRunner, RunnerError
+from specdec.sampling import SamplingParams, gumbel_noise, make_generator, process_logits, sample_sparse, sparse_topk
+from specdec.verify import Draft, VerifyMode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DraftInput:
+    request_id: str
+    tokens: list[int]  # committed tokens: prompt + generated; the draft continues them
+    params: SamplingParams
+    mode: VerifyMode
+    k: int
+
+
+class Drafter(Protocol):
+    def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+class NoDrafter:
+    """Target-only decoding through the same loop (k = 0)."""
+
+    def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
+        return [Draft(tokens=[]) for _ in inputs]
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class NgramProposer:
+    """Prompt lookup (no model). Its drafts are point masses, so rejection sampling stays exact."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.ngram = NgramDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
+
+    def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
+        drafts = self.ngram.propose([i.tokens for i in inputs], [i.k for i in inputs])
+        for draft, inp in zip(drafts, inputs):
+            if inp.mode is not VerifyMode.REJECTION:
+                draft.probs = None
+        return drafts
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A draft model on the runner: batched, KV-cached; tokens plus sparse probabilities.
+
+    In rejection mode each token is sampled from the draft's top-K truncated, renormalised
+    distribution, which is sent along (K ids + K probs) so the verifier uses exactly it.
+    In invariant mode the draft uses the same Gumbel noise as the target: argmax(log q + g).
+    """
+
+    def __init__(self, runner: ModelRunner, top_k_sent: int = 16):
+        self.runner = runner
+        self.top_k_sent = top_k_sent
+        self.slots: dict[str, int] = {}
+        self.generators: dict[str, torch.Generator] = {}
+
+    def release(self, request_id: str) -> None:
+        slot = self.slots.pop(request_id, None)
+        if slot is not None:
+            self.runner.free_slot(slot)
+        self.generators.pop(request_id, None)
+
+    def _slot(self, inp: DraftInput) -> int | None:
+        slot = self.slots.get(inp.request_id)
+        if slot is None:
+            if self.runner.free_slots == 0:
+                return None
+            slot = self.slots[inp.request_id] = self.runner.alloc_slot()
+            seed = inp.params.seed
+            # Draft randomness must not replay the verifier's stream; offset the seed.
+            self.generators[inp.request_id] = make_generator(None if seed is None else seed + 1)
+        return slot
+
+    def _pick(self, logits: torch.Tensor, inp: DraftInput, position: int) -> tuple[int, tuple[list[int], list[float]] | None]:
+        if inp.mode is VerifyMode.GREEDY:
+            return int(torch.argmax(logits)), None
+        logq = process_logits(logits, inp.params)
+        if inp.mode is VerifyMode.INVARIANT:
+            noise = gumbel_noise(inp.params.seed, position, logq.shape[-1], device=logq.device)
+            return int(torch.argmax(logq + noise)), None
+        ids, probs = sparse_topk(logq, self.top_k_sent)
+        return sample_sparse(ids, probs, self.generators[inp.request_id]), (ids, probs)
+
+    def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
+        drafts = [Draft(tokens=[], probs=[] if i.mode is VerifyMode.REJECTION else None) for i in inputs]
+        rows, feeds = [], []
+        for b, inp in enumerate(inputs):
+            room = self.runner.max_len - len(inp.tokens)
+            if inp.k <= 0 or room <= 0:
+                continue
+            slot = self._slot(inp)
+            if slot is None:  # no slot free: fail open with an empty draft
+                continue
+            keep = min(self.runner.common_prefix(slot, inp.tokens), len(inp.tokens) - 1)
+            self.runner.rollback(slot, keep)
+            rows.append(b)
+            feeds.append(inp.tokens[keep:])
+        step = 0
+        while rows:
+            slots = [self.slots[inputs[b].request_id] for b in rows]
+            try:
+                logits = self.runner.forward(slots, feeds)
+            except RunnerError as exc:  # a drafter problem never fails the request
+                log.warning("draft forward failed, proposing nothing more this round: %s", exc)
+                break
+            next_rows, next_feeds = [], []
+            for b, row_logits in zip(rows, logits):
+                inp = inputs[b]
+                token, sparse = self._pick(row_logits[-1], inp, len(inp.tokens) + step)
+                drafts[b].tokens.append(token)
+                if sparse is not None:
+                    drafts[b].probs.append(sparse)
+                if len(drafts[b].tokens) < min(inp.k, self.runner.max_len - len(inp.tokens)):
+                    next_rows.append(b)
+                    next_feeds.append([token])
+            rows, feeds = next_rows, next_feeds
+            step += 1
+        return drafts
