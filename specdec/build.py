@@ -34,23 +34,50 @@ def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
         raise IncompatibleModels(f"draft {draft.name!r} and target {target.name!r} have different tokenizers")
 
 
+@dataclass
+class DraftOptions:
+    """How to make a draft model cheaper; none of it can change the output (the target verifies)."""
+    quant: str | None = "int8"  # weight-only int8 on CPU
+    vocab: int | None = 32768  # lm_head over the first N ids (BPE ids are ranked by merge order,
+    #                            i.e. by frequency) plus every special token; None = full vocabulary
+
+
+def frequency_ranked_vocab(tokenizer, n: int) -> list[int]:
+    """The n most frequent ids of a BPE vocabulary (its lowest ids) plus its special tokens."""
+    specials = [int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})]
+    return sorted(set(range(min(n, len(tokenizer)))) | set(specials))
+
+
+def make_model_drafter(draft: LoadedModel, num_slots: int, max_len: int,
+                       options: DraftOptions | None = None) -> ModelDrafter:
+    options = options or DraftOptions()
+    vocab = None
+    if options.vocab and options.vocab < draft.model.config.vocab_size:
+        vocab = frequency_ranked_vocab(draft.tokenizer, options.vocab)
+    runner = ModelRunner(draft.model, num_slots=num_slots, max_len=max_len,
+                         weight_quant=options.quant, vocab_subset=vocab)
+    return ModelDrafter(runner)
+
+
 def make_drafter(spec: str | None, target: LoadedModel, dtype: str, device: str,
-                 num_slots: int, max_len: int) -> tuple[LoadedModel | None, Drafter]:
+                 num_slots: int, max_len: int,
+                 options: DraftOptions | None = None) -> tuple[LoadedModel | None, Drafter]:
     if spec is None or spec.lower() in NO_DRAFT:
         return None, NoDrafter()
     if spec.lower() == NGRAM:
         return None, NgramProposer()
     draft = load_model(spec, dtype=dtype, device=device)
     check_same_vocab(target, draft)
-    return draft, ModelDrafter(ModelRunner(draft.model, num_slots=num_slots, max_len=max_len))
+    return draft, make_model_drafter(draft, num_slots, max_len, options)
 
 
 def build_engine(target: str, draft: str | None = None, dtype: str = "float32", device: str = "cpu",
                  num_slots: int = 8, max_len: int = 2048, k_policy: KPolicy | None = None,
-                 verify_mode: str | None = None) -> tuple[SpecEngine, EngineParts]:
+                 verify_mode: str | None = None,
+                 draft_options: DraftOptions | None = None) -> tuple[SpecEngine, EngineParts]:
     tgt = load_model(target, dtype=dtype, device=device)
     runner = ModelRunner(tgt.model, num_slots=num_slots, max_len=max_len)
-    draft_model, drafter = make_drafter(draft, tgt, dtype, device, num_slots, max_len)
+    draft_model, drafter = make_drafter(draft, tgt, dtype, device, num_slots, max_len, draft_options)
     engine = SpecEngine(runner, tgt.tokenizer, drafter, k_policy=k_policy,
                         eos_token_ids=tgt.eos_token_ids, verify_mode=verify_mode)
     return engine, EngineParts(tgt, runner, draft_model, drafter)

@@ -40,7 +40,7 @@ def sampling_params(args: argparse.Namespace):
 
 
 def _run_local(args: argparse.Namespace) -> dict:
-    from specdec.build import build_engine
+    from specdec.build import DraftOptions, build_engine
     from specdec.scheduler import KPolicy
 
     params = sampling_params(args)
@@ -48,7 +48,8 @@ def _run_local(args: argparse.Namespace) -> dict:
     engine, parts = build_engine(args.target, args.draft, dtype=args.dtype, device=args.device, num_slots=1,
                                  max_len=args.max_context,
                                  k_policy=KPolicy(k=args.k, adaptive=args.adaptive_k),
-                                 verify_mode=args.verify)
+                                 verify_mode=args.verify,
+                                 draft_options=DraftOptions(quant=args.draft_quant, vocab=args.draft_vocab or None))
     load_s = time.perf_counter() - t0
     prompt = encode_prompt(parts.target.tokenizer, args.prompt, args.chat)
     t0 = time.perf_counter()
@@ -66,9 +67,13 @@ def _run_local(args: argparse.Namespace) -> dict:
 
 def _generate(args: argparse.Namespace) -> int:
     if args.server:
-        from specdec.cli_client import run_remote  # the gRPC client lives outside the core
+        from specdec.rpc.client import RemoteError, run_remote  # lazy: grpc only for --server
 
-        out = run_remote(args)
+        try:
+            out = run_remote(args)
+        except (RemoteError, ConnectionError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     else:
         out = _run_local(args)
     if args.json:
@@ -94,6 +99,10 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adaptive-k", action="store_true", help="adapt k per request from its acceptance")
     p.add_argument("--verify", choices=["greedy", "rejection", "invariant"], default=None,
                    help="verification mode (default: greedy at temperature 0, invariant if seeded, else rejection)")
+    p.add_argument("--draft-quant", choices=["int8", "none"], default="int8",
+                   help="weight-only int8 for the draft model (CPU); the target is never changed")
+    p.add_argument("--draft-vocab", type=int, default=32768,
+                   help="draft lm_head over the N most frequent ids + special tokens (0 = full vocabulary)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-context", type=int, default=4096, help="KV-cache length per sequence")

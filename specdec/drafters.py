@@ -15,8 +15,9 @@ from typing import Protocol
 import torch
 
 from specdec.ngram import NgramDrafter
-from specdec.runner import ModelRunner, RunnerError
+from specdec.runner import ModelRunner, RunnerError, SlotsExhausted
 from specdec.sampling import SamplingParams, gumbel_noise, make_generator, process_logits, sample_sparse, sparse_topk
+from specdec.slots import SlotTable
 from specdec.verify import Draft, VerifyMode
 
 log = logging.getLogger(__name__)
@@ -75,21 +76,19 @@ class ModelDrafter:
     def __init__(self, runner: ModelRunner, top_k_sent: int = 16):
         self.runner = runner
         self.top_k_sent = top_k_sent
-        self.slots: dict[str, int] = {}
+        self.slots = SlotTable(runner)
         self.generators: dict[str, torch.Generator] = {}
 
     def release(self, request_id: str) -> None:
-        slot = self.slots.pop(request_id, None)
-        if slot is not None:
-            self.runner.free_slot(slot)
+        self.slots.release(request_id)
         self.generators.pop(request_id, None)
 
-    def _slot(self, inp: DraftInput) -> int | None:
-        slot = self.slots.get(inp.request_id)
-        if slot is None:
-            if self.runner.free_slots == 0:
-                return None
-            slot = self.slots[inp.request_id] = self.runner.alloc_slot()
+    def _slot(self, inp: DraftInput, busy: set[str]) -> int | None:
+        try:
+            slot, fresh = self.slots.get(inp.request_id, busy)
+        except SlotsExhausted:
+            return None
+        if fresh or inp.request_id not in self.generators:
             seed = inp.params.seed
             # Draft randomness must not replay the verifier's stream; offset the seed.
             self.generators[inp.request_id] = make_generator(None if seed is None else seed + 1)
@@ -108,11 +107,12 @@ class ModelDrafter:
     def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
         drafts = [Draft(tokens=[], probs=[] if i.mode is VerifyMode.REJECTION else None) for i in inputs]
         rows, feeds = [], []
+        busy = {i.request_id for i in inputs}
         for b, inp in enumerate(inputs):
             room = self.runner.max_len - len(inp.tokens)
             if inp.k <= 0 or room <= 0:
                 continue
-            slot = self._slot(inp)
+            slot = self._slot(inp, busy)
             if slot is None:  # no slot free: fail open with an empty draft
                 continue
             keep = min(self.runner.common_prefix(slot, inp.tokens), len(inp.tokens) - 1)

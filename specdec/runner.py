@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.quant import Int8Weight, int8_supported, linear, quantize_int8
+
 log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -37,20 +39,28 @@ class ContextFull(RunnerError):
     pass
 
 
+Weight = torch.Tensor | Int8Weight
+MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
 @dataclass
 class LayerWeights:
-    q: torch.Tensor
+    q: Weight
     q_bias: torch.Tensor | None
-    k: torch.Tensor
+    k: Weight
     k_bias: torch.Tensor | None
-    v: torch.Tensor
+    v: Weight
     v_bias: torch.Tensor | None
-    o: torch.Tensor
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    o: Weight
+    gate: Weight
+    up: Weight
+    down: Weight
     input_norm: torch.Tensor
     post_norm: torch.Tensor
+
+    def quantize(self) -> None:
+        for name in MATRICES:
+            setattr(self, name, quantize_int8(getattr(self, name)))
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
@@ -101,7 +111,11 @@ class ModelRunner:
     """
 
     def __init__(self, model, num_slots: int = 8, max_len: int = 2048,
-                 all_reduce: Callable[[torch.Tensor], None] | None = None):
+                 all_reduce: Callable[[torch.Tensor], None] | None = None,
+                 weight_quant: str | None = None, vocab_subset: Sequence[int] | None = None):
+        """`weight_quant="int8"` and `vocab_subset` (the token ids the lm_head may produce) make a
+        cheaper drafter; logits of tokens outside the subset come back as -inf. Never use them on
+        a target: its outputs must not change."""
         _check_supported(model)
         config = model.config
         self.config = config
@@ -120,6 +134,16 @@ class ModelRunner:
         self.lm_head = model.lm_head.weight.detach()
         self.rotary = base.rotary_emb  # HF's own module: handles every RoPE scaling variant
         self.dtype, self.device = self.embed.dtype, self.embed.device
+        self.vocab_ids: torch.Tensor | None = None
+        if vocab_subset is not None:
+            self.vocab_ids = torch.as_tensor(sorted(set(vocab_subset)), dtype=torch.long, device=self.device)
+            self.lm_head = self.lm_head[self.vocab_ids].contiguous()
+        if weight_quant == "int8" and int8_supported(self.device, self.dtype):
+            for layer in self.layers:
+                layer.quantize()
+            self.lm_head = quantize_int8(self.lm_head)
+        elif weight_quant not in (None, "none", "int8"):
+            raise RunnerError(f"weight_quant must be None or 'int8', got {weight_quant!r}")
 
         shape = (len(self.layers), num_slots, self.num_kv_heads, max_len, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -234,9 +258,9 @@ class ModelRunner:
         h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         for i, w in enumerate(self.layers):
             h = self._rms(x, w.input_norm)
-            q = F.linear(h, w.q, w.q_bias).view(batch, width, -1, d).transpose(1, 2)
-            k = F.linear(h, w.k, w.k_bias).view(batch, width, -1, d).transpose(1, 2)
-            v = F.linear(h, w.v, w.v_bias).view(batch, width, -1, d).transpose(1, 2)
+            q = linear(h, w.q, w.q_bias).view(batch, width, -1, d).transpose(1, 2)
+            k = linear(h, w.k, w.k_bias).view(batch, width, -1, d).transpose(1, 2)
+            v = linear(h, w.v, w.v_bias).view(batch, width, -1, d).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             kc, vc = self.k_cache[i], self.v_cache[i]
@@ -249,9 +273,9 @@ class ModelRunner:
             attn = F.scaled_dot_product_attention(q, keys_i, vals_i, attn_mask=mask,
                                                   enable_gqa=q.shape[1] != keys_i.shape[1])
             attn = attn.transpose(1, 2).reshape(batch, width, -1)
-            x = x + self._reduce(F.linear(attn, w.o))
+            x = x + self._reduce(linear(attn, w.o))
             h = self._rms(x, w.post_norm)
-            x = x + self._reduce(F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down))
+            x = x + self._reduce(linear(F.silu(linear(h, w.gate)) * linear(h, w.up), w.down))
 
         for slot, row, start in zip(slots, tokens, starts):
             self.lengths[slot] = start + len(row)
@@ -262,7 +286,11 @@ class ModelRunner:
         if not rows:
             return [x.new_empty(0, self.vocab_size, dtype=torch.float32) for _ in range(batch)]
         picked = torch.cat([x[b, lo:hi] for b, lo, hi in rows])
-        logits = F.linear(self._rms(picked, self.final_norm), self.lm_head).float()
+        logits = linear(self._rms(picked, self.final_norm), self.lm_head).float()
+        if self.vocab_ids is not None:
+            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+            full[:, self.vocab_ids] = logits
+            logits = full
         out, at = [], 0
         for k in n_logits:
             out.append(logits[at: at + k])

@@ -15,6 +15,7 @@ import torch
 
 from specdec.runner import ModelRunner, SlotsExhausted
 from specdec.sampling import SamplingParams, make_generator
+from specdec.slots import SlotTable
 from specdec.verify import Draft, VerifyMode, VerifyResult, verify
 
 
@@ -30,7 +31,7 @@ class VerifyItem:
 class TargetVerifier:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self.slots: dict[str, int] = {}
+        self.slots = SlotTable(runner)
         self.generators: dict[str, torch.Generator] = {}
 
     @property
@@ -40,18 +41,28 @@ class TargetVerifier:
     def has(self, request_id: str) -> bool:
         return request_id in self.slots
 
-    def _slot(self, request_id: str, params: SamplingParams) -> int:
-        slot = self.slots.get(request_id)
-        if slot is None:
-            slot = self.slots[request_id] = self.runner.alloc_slot()
+    def capacity_for(self, request_ids: Sequence[str]) -> tuple[int, int]:
+        """(new requests among `request_ids`, how many new ones fit: free + evictable idle slots)."""
+        new = sum(1 for rid in request_ids if rid not in self.slots)
+        return new, self.slots.evictable(set(request_ids))
+
+    def _slot(self, request_id: str, params: SamplingParams, busy: set[str]) -> int:
+        slot, fresh = self.slots.get(request_id, busy)
+        if fresh or request_id not in self.generators:
             self.generators[request_id] = make_generator(params.seed)
         return slot
 
     def _sync(self, items: Sequence[tuple[str, list[int], SamplingParams]], upto: Sequence[int]) -> list[int]:
-        """Roll each request's slot back to what it shares with its tokens; return the kept lengths."""
+        """Roll each request's slot back to what it shares with its tokens; return the kept lengths.
+
+        Checks capacity first, so a batch that cannot be placed changes nothing."""
+        busy = {rid for rid, _, _ in items}
+        new, fits = self.capacity_for([rid for rid, _, _ in items])
+        if new > fits:
+            raise SlotsExhausted(f"{new} new sequences but only {fits} of {self.runner.num_slots} KV slots can be used")
         kept = []
         for (rid, tokens, params), n in zip(items, upto):
-            slot = self._slot(rid, params)
+            slot = self._slot(rid, params, busy)
             keep = min(self.runner.common_prefix(slot, tokens), n)
             self.runner.rollback(slot, keep)
             kept.append(keep)
@@ -82,9 +93,7 @@ class TargetVerifier:
         return results
 
     def release(self, request_id: str) -> None:
-        slot = self.slots.pop(request_id, None)
-        if slot is not None:
-            self.runner.free_slot(slot)
+        self.slots.release(request_id)
         self.generators.pop(request_id, None)
 
 

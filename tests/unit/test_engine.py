@@ -20,6 +20,10 @@ def _engine(target_model, tokenizer, drafter_kind: str, draft_model=None, k: int
     runner = ModelRunner(target_model, num_slots=num_slots, max_len=max_len)
     if drafter_kind == "model":
         drafter = ModelDrafter(ModelRunner(draft_model, num_slots=num_slots, max_len=max_len))
+    elif drafter_kind == "model-cheap":  # int8 weights + a frequency-ranked vocabulary subset
+        vocab = list(range(8192)) + [target_model.generation_config.eos_token_id]
+        drafter = ModelDrafter(ModelRunner(draft_model, num_slots=num_slots, max_len=max_len,
+                                           weight_quant="int8", vocab_subset=vocab))
     elif drafter_kind == "ngram":
         drafter = NgramProposer()
     else:
@@ -149,7 +153,7 @@ def smollm(smollm_path):
     return {"target": target, "draft": draft, "tokenizer": AutoTokenizer.from_pretrained(smollm_path)}
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "none"])
+@pytest.mark.parametrize("drafter", ["model", "model-cheap", "ngram", "none"])
 def test_greedy_matches_transformers_smollm(smollm, drafter):
     tok = smollm["tokenizer"]
     texts = ["def fibonacci(n):", "The capital of France is", "1, 2, 3, 4, 5,"]
@@ -167,5 +171,5 @@ def test_greedy_matches_transformers_smollm(smollm, drafter):
     assert results[1].text == ref_texts[1][: ref_texts[1].index(stop)]
     assert results[1].token_ids == refs[1][: len(results[1].token_ids)]
     assert results[2].token_ids == refs[2][:13] and results[2].finish_reason == "length"
-    if drafter == "model":
+    if drafter.startswith("model"):
         assert sum(r.stats.accepted for r in results) > 0

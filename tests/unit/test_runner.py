@@ -98,3 +98,22 @@ def test_slots_and_context_errors(tiny_paths):
     with pytest.raises(RunnerError, match="roll"):
         runner.rollback(s0, 3)
     assert runner.lengths[s0] == 0  # failed calls changed nothing
+
+
+def test_draft_options_vocab_subset_and_int8(tiny_paths):
+    """Cheaper drafters: a vocabulary subset masks the other ids; int8 weights stay close."""
+    model = load_hf(tiny_paths["qwen2"])
+    seq = _sequences(model.config.vocab_size, [12], seed=9)[0]
+    full = ModelRunner(model, num_slots=1, max_len=32)
+    subset = list(range(0, model.config.vocab_size, 3))
+    sub = ModelRunner(model, num_slots=1, max_len=32, vocab_subset=subset)
+    quant = ModelRunner(model, num_slots=1, max_len=32, weight_quant="int8")
+    want = full.forward([full.alloc_slot()], [seq], num_logits=4)[0]
+    got = sub.forward([sub.alloc_slot()], [seq], num_logits=4)[0]
+    inside = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+    inside[subset] = True
+    _close(got[:, inside], want[:, inside])
+    assert torch.isinf(got[:, ~inside]).all()
+    q = quant.forward([quant.alloc_slot()], [seq], num_logits=4)[0]
+    rel = (q - want).abs().max() / want.abs().max()
+    assert 0 < rel < 0.1, f"int8 relative error {rel}"

@@ -1,0 +1,75 @@
+"""The draft worker as a Ray actor: loads the draft model (or the n-gram drafter) and serves
+DraftService over gRPC on its node.
+
+Contract (the router / launcher side), the same shape as the target worker's:
+
+* ``spawn_draft_worker(config, placement=None, name=None, max_restarts=-1)`` -> actor handle.
+  ``config`` is a :class:`specdec.rpc.serving.WorkerConfig` dict (model or "ngram", dtype, device,
+  num_slots, max_len, host, port, threads, top_k_sent, ...); ``placement`` picks the node (see
+  :func:`specdec.rpc.serving.actor_options`; default ``{"resources": {"draft_gpu": 1}}``).
+* ``handle.address.remote()`` -> "host:port"; ``info.remote()`` -> dict (WorkerInfo fields +
+  address, pid, started_at, restarted, node_ip); ``pid.remote()``; ``drain.remote()``;
+  ``shutdown.remote(grace)``.
+* A restarted actor re-runs ``__init__`` (new port when port is 0, empty caches): ask the handle
+  for ``address()`` again. Until it is back the router verifies with k = 0 (fail open).
+
+Ray and torch are imported lazily, so importing this module is cheap and torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from specdec.rpc.serving import WorkerConfig, WorkerHost, actor_options
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RESOURCES = {"draft_gpu": 1}
+
+__all__ = ["DEFAULT_RESOURCES", "DraftWorker", "spawn_draft_worker"]
+
+
+def _ray_facts() -> dict:
+    """Node IP and restart flag when running inside a Ray actor; {} otherwise."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return {}
+    ctx = ray.get_runtime_context()
+    facts = {"node_ip": ray.util.get_node_ip_address()}
+    if ctx.get_actor_id() is not None:
+        facts["restarted"] = bool(ctx.was_current_actor_reconstructed)
+    return facts
+
+
+class DraftWorker(WorkerHost):
+    """Loads the drafter and serves specdec.v1.DraftService (a Ray actor, or a plain object)."""
+
+    role = "draft"
+
+    def __init__(self, config: dict | WorkerConfig):
+        from draft_worker.servicer import SERVICE_NAME, build_draft_servicer
+        from specdec.rpc import worker_pb2_grpc
+
+        cfg = WorkerConfig.from_dict(config)
+        self.servicer = build_draft_servicer(cfg)
+        self.facts = _ray_facts()
+        super().__init__(cfg, [(worker_pb2_grpc.add_DraftServiceServicer_to_server, self.servicer, SERVICE_NAME)],
+                         self.servicer, node_ip=self.facts.get("node_ip"))
+        log.info("draft worker %s serving on %s%s", cfg.model, self.address(),
+                 " (restarted)" if self.facts.get("restarted") else "")
+
+    def info(self) -> dict:
+        return {**super().info(), **self.facts}
+
+
+def spawn_draft_worker(config: dict | WorkerConfig, placement: dict | None = None, name: str | None = None,
+                       max_restarts: int = -1, max_task_retries: int = 3):
+    """Create a DraftWorker actor placed by ``placement``; returns the handle (not yet ready:
+    ``ray.get(handle.address.remote())`` waits for the drafter to load)."""
+    import ray
+
+    cfg = WorkerConfig.from_dict(config)  # fail here, not in the actor, on a bad config
+    opts = actor_options(placement, DEFAULT_RESOURCES, name=name, max_restarts=max_restarts,
+                         max_task_retries=max_task_retries)
+    return ray.remote(DraftWorker).options(**opts).remote(cfg.to_dict())

@@ -1,0 +1,121 @@
+"""specdec.v1.DraftService over a drafter: Propose, Release, Info.
+
+A thin shell over :class:`specdec.drafters.ModelDrafter` (a draft model on the runner) or
+:class:`specdec.drafters.NgramProposer` (model "ngram": no model, no KV slots). Messages are
+validated before the drafter runs; one lock serialises the model. The drafter keeps its caches by
+request id and rebuilds them from the committed tokens in every call. When it has no free slot it
+proposes nothing for that sequence (an empty draft: the round verifies with k = 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+from specdec.drafters import DraftInput, Drafter, ModelDrafter
+from specdec.params import InvalidParams
+from specdec.rpc import worker_pb2, worker_pb2_grpc
+from specdec.rpc.convert import draft_to_proto, sequence_from_proto
+from specdec.rpc.serving import WorkerConfig, rpc_method
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
+NGRAM = "ngram"
+
+__all__ = ["SERVICE_NAME", "NGRAM", "DraftServicer", "build_draft_servicer"]
+
+
+class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
+    """``vocab_size`` / ``max_context`` None: no model (n-gram), ids only need to be >= 0."""
+
+    def __init__(self, drafter: Drafter, *, model_name: str, dtype: str, device: str,
+                 vocab_size: int | None, max_context: int, num_slots: int, eos_token_ids: Iterable[int] = ()):
+        self.drafter = drafter
+        self.runner = getattr(drafter, "runner", None)
+        self.model_name, self.dtype, self.device = model_name, dtype, device
+        self.vocab_size, self.max_context, self.num_slots = vocab_size, max_context, num_slots
+        self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
+        self.lock = threading.Lock()
+
+    @property
+    def free_slots(self) -> int:
+        # An n-gram drafter holds no cache: it always has room.
+        return self.runner.free_slots if self.runner is not None else self.num_slots
+
+    def _holds(self, request_id: str) -> bool:
+        return request_id in getattr(self.drafter, "slots", {})
+
+    def info_dict(self) -> dict:
+        return {
+            "model": self.model_name, "role": "draft", "dtype": self.dtype, "device": self.device,
+            "max_context": self.max_context, "vocab_size": self.vocab_size or 0,
+            "num_slots": self.num_slots, "free_slots": self.free_slots,
+            "eos_token_ids": list(self.eos_token_ids),
+        }
+
+    @rpc_method
+    def Propose(self, request: worker_pb2.ProposeRequest, context) -> worker_pb2.ProposeResponse:
+        seqs = [sequence_from_proto(s, self.vocab_size, "sequences") for s in request.sequences]
+        seen: set[str] = set()
+        for s in seqs:
+            if s.request_id in seen:
+                raise InvalidParams("sequences.request_id", f"request id {s.request_id!r} appears twice in one call")
+            seen.add(s.request_id)
+        if not seqs:
+            return worker_pb2.ProposeResponse()
+        inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, s.k) for s in seqs]
+        with self.lock:
+            drafts = self.drafter.propose(inputs)
+        for inp, draft in zip(inputs, drafts):  # never more than asked for
+            del draft.tokens[inp.k:]
+            if draft.probs is not None:
+                del draft.probs[inp.k:]
+        return worker_pb2.ProposeResponse(drafts=[draft_to_proto(i.request_id, d) for i, d in zip(inputs, drafts)])
+
+    @rpc_method
+    def Release(self, request: worker_pb2.ReleaseRequest, context) -> worker_pb2.ReleaseResponse:
+        released = 0
+        with self.lock:
+            for rid in request.request_ids:
+                if self._holds(rid):
+                    released += 1
+                self.drafter.release(rid)
+        return worker_pb2.ReleaseResponse(released=released)
+
+    @rpc_method
+    def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:
+        return worker_pb2.WorkerInfo(**self.info_dict())
+
+
+def build_draft_servicer(config: WorkerConfig | dict) -> DraftServicer:
+    """A DraftServicer for ``config``: the n-gram drafter for model "ngram", else the model on a runner."""
+    cfg = WorkerConfig.from_dict(config)
+    if cfg.model.lower() == NGRAM:
+        from specdec.drafters import NgramProposer
+
+        log.info("draft worker: n-gram drafter (n %d..%d)", cfg.min_ngram, cfg.max_ngram)
+        return DraftServicer(NgramProposer(max_ngram=cfg.max_ngram, min_ngram=cfg.min_ngram), model_name=NGRAM,
+                             dtype="", device="cpu", vocab_size=None, max_context=cfg.max_len,
+                             num_slots=cfg.num_slots)
+    import torch
+
+    from specdec.build import DraftOptions, make_model_drafter
+    from specdec.models import load_model
+
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    try:
+        options = DraftOptions(**(cfg.draft_options or {}))
+    except TypeError as exc:
+        raise ValueError(f"worker config 'draft_options': {exc}") from None
+    loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    drafter: ModelDrafter = make_model_drafter(loaded, cfg.num_slots, cfg.max_len, options)
+    drafter.top_k_sent = cfg.top_k_sent
+    runner = drafter.runner
+    log.info("draft worker: %s (%s, %s, %s), %d slots x %d tokens", cfg.model, cfg.dtype, loaded.device, options,
+             cfg.num_slots, cfg.max_len)
+    return DraftServicer(drafter, model_name=cfg.model, dtype=cfg.dtype, device=loaded.device.type,
+                         vocab_size=runner.vocab_size, max_context=cfg.max_len, num_slots=cfg.num_slots,
+                         eos_token_ids=loaded.eos_token_ids)

@@ -1,0 +1,79 @@
+"""The target worker as a Ray actor: loads the model, serves TargetService over gRPC on its node.
+
+Contract (the router / launcher side):
+
+* ``spawn_target_worker(config, placement=None, name=None, max_restarts=-1)`` -> actor handle.
+  ``config`` is a :class:`specdec.rpc.serving.WorkerConfig` dict (model, dtype, device,
+  num_slots, max_len, host, port, threads, ...); ``placement`` picks the node (see
+  :func:`specdec.rpc.serving.actor_options`; default ``{"resources": {"target_gpu": 1}}``).
+* ``handle.address.remote()`` -> "host:port" of the gRPC server; ``info.remote()`` -> dict
+  (WorkerInfo fields + address, pid, started_at, restarted, node_ip); ``pid.remote()``;
+  ``drain.remote()``; ``shutdown.remote(grace)``.
+* Restarts: Ray restarts a dead actor (``max_restarts``) by re-running ``__init__``: the model is
+  loaded again, the server binds a new port (when port is 0) and the caches are empty. Callers find
+  it again by asking the same handle (or ``ray.get_actor(name)``) for ``address()`` once gRPC says
+  UNAVAILABLE; calls made while it restarts wait for it. The router replays the committed tokens
+  and the verifier rebuilds the caches from them (DESIGN.md invariant 1).
+
+Ray and torch are imported lazily, so importing this module is cheap and torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from specdec.rpc.serving import WorkerConfig, WorkerHost, actor_options
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RESOURCES = {"target_gpu": 1}
+
+__all__ = ["DEFAULT_RESOURCES", "TargetWorker", "spawn_target_worker"]
+
+
+def _ray_facts() -> dict:
+    """Node IP and restart flag when running inside a Ray actor; {} otherwise."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return {}
+    ctx = ray.get_runtime_context()
+    facts = {"node_ip": ray.util.get_node_ip_address()}
+    if ctx.get_actor_id() is not None:
+        facts["restarted"] = bool(ctx.was_current_actor_reconstructed)
+    return facts
+
+
+class TargetWorker(WorkerHost):
+    """Loads the target model and serves specdec.v1.TargetService (a Ray actor, or a plain object)."""
+
+    role = "target"
+
+    def __init__(self, config: dict | WorkerConfig):
+        from specdec.rpc import worker_pb2_grpc
+        from target_worker.servicer import SERVICE_NAME, build_target_servicer
+
+        cfg = WorkerConfig.from_dict(config)
+        self.servicer = build_target_servicer(cfg)
+        self.facts = _ray_facts()
+        super().__init__(cfg, [(worker_pb2_grpc.add_TargetServiceServicer_to_server, self.servicer, SERVICE_NAME)],
+                         self.servicer, node_ip=self.facts.get("node_ip"))
+        log.info("target worker %s serving on %s%s", cfg.model, self.address(),
+                 " (restarted)" if self.facts.get("restarted") else "")
+
+    def info(self) -> dict:
+        return {**super().info(), **self.facts}
+
+
+def spawn_target_worker(config: dict | WorkerConfig, placement: dict | None = None, name: str | None = None,
+                        max_restarts: int = -1, max_task_retries: int = 3):
+    """Create a TargetWorker actor placed by ``placement``; returns the handle (not yet ready:
+    ``ray.get(handle.address.remote())`` waits for the model to load)."""
+    import ray
+
+    cfg = WorkerConfig.from_dict(config)  # fail here, not in the actor, on a bad config
+    if cfg.model.lower() == "ngram":
+        raise ValueError("worker config 'model': a target worker needs a model, not 'ngram'")
+    opts = actor_options(placement, DEFAULT_RESOURCES, name=name, max_restarts=max_restarts,
+                         max_task_retries=max_task_retries)
+    return ray.remote(TargetWorker).options(**opts).remote(cfg.to_dict())

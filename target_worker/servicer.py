@@ -1,0 +1,156 @@
+"""specdec.v1.TargetService over a TargetVerifier: Prefill, Verify, Release, Tokenize, Info.
+
+The servicer is a thin shell: it decodes and validates the messages (bad input is refused before
+the model is touched, so a bad item never leaves a batch half done), holds one lock around the
+runner (the gRPC thread pool calls concurrently), and lets the core do the work. Caches are keyed
+by request id and rebuilt from the committed tokens in every call (DESIGN.md invariant 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+import grpc
+
+from specdec.cli_generate import encode_prompt
+from specdec.params import InvalidParams
+from specdec.rpc import worker_pb2, worker_pb2_grpc
+from specdec.rpc.convert import WireSequence, draft_from_proto, outcome_to_proto, sequence_from_proto
+from specdec.rpc.serving import RpcStatusError, WorkerConfig, rpc_method
+from specdec.runner import ContextFull, SlotsExhausted
+from specdec.target import TargetVerifier, VerifyItem
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
+
+__all__ = ["SERVICE_NAME", "TargetServicer", "build_target_servicer"]
+
+
+def _unique_ids(ids: Iterable[str], field: str) -> None:
+    seen: set[str] = set()
+    for rid in ids:
+        if rid in seen:
+            raise InvalidParams(field, f"request id {rid!r} appears twice in one call")
+        seen.add(rid)
+
+
+class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
+    def __init__(self, verifier: TargetVerifier, tokenizer, *, model_name: str, dtype: str, device: str,
+                 eos_token_ids: Iterable[int] = ()):
+        self.verifier = verifier
+        self.runner = verifier.runner
+        self.tokenizer = tokenizer
+        self.model_name, self.dtype, self.device = model_name, dtype, device
+        self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
+        self.lock = threading.Lock()  # one model, one forward at a time
+        self._tok_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _check_context(self, seq: WireSequence, extra: int, field: str) -> None:
+        need = len(seq.tokens) + extra
+        if need > self.runner.max_len:
+            what = f"{len(seq.tokens)} tokens" + (f" + {extra} draft tokens" if extra else "")
+            raise ContextFull(f"{field}: request {seq.request_id!r} has {what}, more than the target's "
+                              f"context of {self.runner.max_len} tokens")
+
+    def _check_capacity(self, ids: list[str]) -> None:
+        """Refuse the whole call up front when its new requests do not fit (free + idle slots)."""
+        new, fits = self.verifier.capacity_for(ids)
+        if new > fits:
+            raise SlotsExhausted(
+                f"{new} new sequence(s) but only {fits} of {self.runner.num_slots} KV slots can be used on "
+                "this target worker; release finished requests or retry later"
+            )
+
+    def info_dict(self) -> dict:
+        return {
+            "model": self.model_name, "role": "target", "dtype": self.dtype, "device": self.device,
+            "max_context": self.runner.max_len, "vocab_size": self.runner.vocab_size,
+            "num_slots": self.runner.num_slots, "free_slots": self.verifier.free_slots,
+            "eos_token_ids": list(self.eos_token_ids),
+        }
+
+    # ---- RPCs --------------------------------------------------------------------------------
+    @rpc_method
+    def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
+        vocab = self.runner.vocab_size
+        seqs = [sequence_from_proto(s, vocab, "sequences") for s in request.sequences]
+        _unique_ids((s.request_id for s in seqs), "sequences.request_id")
+        for s in seqs:
+            self._check_context(s, 0, "sequences.tokens")
+        if not seqs:
+            return worker_pb2.PrefillResponse()
+        with self.lock:
+            self._check_capacity([s.request_id for s in seqs])
+            self.verifier.prefill([(s.request_id, s.tokens, s.params) for s in seqs])
+            cached = [self.runner.lengths[self.verifier.slots[s.request_id]] for s in seqs]
+        return worker_pb2.PrefillResponse(outcomes=[
+            worker_pb2.PrefillOutcome(request_id=s.request_id, cached_tokens=n) for s, n in zip(seqs, cached)
+        ])
+
+    @rpc_method
+    def Verify(self, request: worker_pb2.VerifyRequest, context) -> worker_pb2.VerifyResponse:
+        vocab = self.runner.vocab_size
+        items = []
+        for item in request.items:
+            seq = sequence_from_proto(item.sequence, vocab, "items.sequence")
+            if item.draft.request_id and item.draft.request_id != seq.request_id:
+                raise InvalidParams("items.draft.request_id", f"draft for {item.draft.request_id!r} sent with "
+                                                              f"sequence {seq.request_id!r}")
+            draft = draft_from_proto(item.draft, vocab, "items.draft")
+            self._check_context(seq, len(draft.tokens), "items")
+            items.append(VerifyItem(seq.request_id, seq.tokens, seq.params, seq.mode, draft))
+        _unique_ids((i.request_id for i in items), "items.sequence.request_id")
+        if not items:
+            return worker_pb2.VerifyResponse()
+        with self.lock:
+            self._check_capacity([i.request_id for i in items])
+            results = self.verifier.verify(items)
+        return worker_pb2.VerifyResponse(outcomes=[outcome_to_proto(i.request_id, r) for i, r in zip(items, results)])
+
+    @rpc_method
+    def Release(self, request: worker_pb2.ReleaseRequest, context) -> worker_pb2.ReleaseResponse:
+        released = 0
+        with self.lock:
+            for rid in request.request_ids:
+                if self.verifier.has(rid):
+                    self.verifier.release(rid)
+                    released += 1
+        return worker_pb2.ReleaseResponse(released=released)
+
+    @rpc_method
+    def Tokenize(self, request: worker_pb2.TokenizeRequest, context) -> worker_pb2.TokenizeResponse:
+        if request.chat and not getattr(self.tokenizer, "chat_template", None):
+            raise RpcStatusError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"chat: model {self.model_name!r} has no chat template; send chat=false "
+                                 "with a formatted prompt")
+        with self._tok_lock:
+            ids = encode_prompt(self.tokenizer, request.text, request.chat)
+        return worker_pb2.TokenizeResponse(token_ids=[int(t) for t in ids])
+
+    @rpc_method
+    def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:
+        return worker_pb2.WorkerInfo(**self.info_dict())
+
+
+def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:
+    """Load the model named in ``config`` and wrap it in a TargetServicer (empty caches)."""
+    import torch
+
+    from specdec.models import load_model
+    from specdec.runner import ModelRunner
+
+    cfg = WorkerConfig.from_dict(config)
+    if cfg.model.lower() == "ngram":
+        raise ValueError("worker config 'model': a target worker needs a model, not 'ngram'")
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    runner = ModelRunner(loaded.model, num_slots=cfg.num_slots, max_len=cfg.max_len)
+    log.info("target worker: %s (%s, %s), %d slots x %d tokens", cfg.model, cfg.dtype, loaded.device,
+             cfg.num_slots, cfg.max_len)
+    return TargetServicer(TargetVerifier(runner), loaded.tokenizer, model_name=cfg.model, dtype=cfg.dtype,
+                          device=loaded.device.type, eos_token_ids=loaded.eos_token_ids)

@@ -1,0 +1,429 @@
+"""Draft and target workers as Ray actors serving gRPC on loopback (issue 5, section 2).
+
+A real local Ray cluster (conftest ``ray_cluster``), real gRPC through the generated stubs and the
+real grpcurl binary, tiny random models. Rounds are driven by hand (propose -> verify -> commit,
+k = 3) with the same per-request state the router uses, and the output must equal the
+single-process SpecEngine token for token (greedy, seeded invariant and seeded rejection).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specdec.params import SamplingParams, choose_mode
+from specdec.rpc import generate_pb2, worker_pb2, worker_pb2_grpc
+from specdec.rpc.convert import (
+    draft_from_proto,
+    draft_to_proto,
+    float_from_proto,
+    mode_from_proto,
+    mode_to_proto,
+    outcome_from_proto,
+    params_from_proto,
+    params_to_proto,
+    sequence_to_proto,
+)
+from specdec.scheduler import KPolicy, new_request
+from specdec.verify import Draft, VerifyMode
+from tests.grpc_helpers import run_grpcurl
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_LEN = 128
+K = 3
+TARGET_SLOTS = 3
+PROMPT = "def fib(n):"
+TARGET_NAME = "test-workers-target"
+GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=1234, ignore_eos=True)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    handle: object
+    address: str
+    channel: grpc.Channel
+    stub: object
+
+    @classmethod
+    def connect(cls, handle, stub_cls) -> Worker:
+        import ray
+
+        address = ray.get(handle.address.remote(), timeout=180)
+        channel = grpc.insecure_channel(address)
+        grpc.channel_ready_future(channel).result(timeout=30)
+        return cls(handle, address, channel, stub_cls(channel))
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        return self.stub.Info(worker_pb2.InfoRequest(), timeout=10)
+
+
+@dataclass
+class Workers:
+    target: Worker
+    draft: Worker
+    target_config: dict
+
+
+def run_rounds(w: Workers, rid: str, prompt: list[int], params: SamplingParams, verify_mode=None,
+               eos=frozenset(), decode=lambda ids: "", on_round=None):
+    """What the router does for one request: prefill, then propose -> verify -> commit until done."""
+    req = new_request(rid, prompt, params, choose_mode(params, verify_mode), KPolicy(k=K), set(eos), decode)
+    seq = sequence_to_proto(rid, req.tokens, params, req.mode)
+    w.target.stub.Prefill(worker_pb2.PrefillRequest(sequences=[seq]), timeout=30)
+    rounds = 0
+    while req.finish_reason is None:
+        if on_round is not None:
+            on_round(rounds)
+        k = req.next_k(MAX_LEN)
+        seq = sequence_to_proto(rid, req.tokens, params, req.mode, k)
+        (draft,) = w.draft.stub.Propose(worker_pb2.ProposeRequest(sequences=[seq]), timeout=30).drafts
+        assert draft.request_id == rid and len(draft.tokens) <= k
+        if req.mode is VerifyMode.REJECTION:  # the drafter's sparse q travels with its tokens
+            assert len(draft.dists) == len(draft.tokens)
+        (out,) = w.target.stub.Verify(
+            worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seq, draft=draft)]), timeout=30).outcomes
+        assert out.request_id == rid and len(out.tokens) == out.num_accepted + 1
+        req.commit(list(out.tokens), out.num_accepted, len(draft.tokens), MAX_LEN)
+        rounds += 1
+    w.target.stub.Release(worker_pb2.ReleaseRequest(request_ids=[rid]), timeout=10)
+    w.draft.stub.Release(worker_pb2.ReleaseRequest(request_ids=[rid]), timeout=10)
+    return req
+
+
+def code_of(call) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code(), info.value.details()
+
+
+# ---- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def workers(ray_cluster, tiny_paths, actor_reaper) -> Workers:
+    from draft_worker import spawn_draft_worker
+    from target_worker import spawn_target_worker
+
+    tcfg = {"model": str(tiny_paths["llama"]), "dtype": "float32", "device": "cpu", "num_slots": TARGET_SLOTS,
+            "max_len": MAX_LEN, "threads": 1}
+    dcfg = {"model": str(tiny_paths["llama-draft"]), "dtype": "float32", "device": "cpu", "num_slots": 4,
+            "max_len": MAX_LEN, "threads": 1}
+    target = spawn_target_worker(tcfg, placement={"resources": {"target_gpu": 1}, "num_cpus": 1},
+                                 name=TARGET_NAME)
+    draft = spawn_draft_worker(dcfg)  # default placement: {"draft_gpu": 1}
+    actor_reaper.extend([target, draft])
+    w = Workers(Worker.connect(target, worker_pb2_grpc.TargetServiceStub),
+                Worker.connect(draft, worker_pb2_grpc.DraftServiceStub), tcfg)
+    yield w
+    w.target.channel.close()
+    w.draft.channel.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_paths):
+    """The single-process engine on the same models: prompt ids, eos ids and results per mode."""
+    from specdec.build import make_model_drafter
+    from specdec.engine import SpecEngine
+    from specdec.models import load_model
+    from specdec.runner import ModelRunner
+
+    tgt = load_model(str(tiny_paths["llama"]), dtype="float32")
+    drf = load_model(str(tiny_paths["llama-draft"]), dtype="float32")
+    target_runner = ModelRunner(tgt.model, num_slots=1, max_len=MAX_LEN)
+    drafter = make_model_drafter(drf, num_slots=1, max_len=MAX_LEN)  # the draft worker's defaults too
+    prompt = list(tgt.tokenizer(PROMPT)["input_ids"])
+    results = {}
+    for name, params, mode in (("greedy", GREEDY, None), ("invariant", SEEDED, "invariant"),
+                               ("rejection", SEEDED, "rejection")):
+        engine = SpecEngine(target_runner, tgt.tokenizer, drafter, k_policy=KPolicy(k=K),
+                            eos_token_ids=tgt.eos_token_ids, verify_mode=mode)
+        (results[name],) = engine.generate([prompt], params)
+    return {"prompt": prompt, "eos": tgt.eos_token_ids, "results": results, "tokenizer": tgt.tokenizer}
+
+
+# ---- rpc helpers (no Ray) ----------------------------------------------------------------------
+
+
+def test_convert_roundtrip_and_torch_free():
+    p = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=0)
+    back = params_from_proto(worker_pb2.SamplingParams.FromString(params_to_proto(p).SerializeToString()))
+    assert (back.temperature, back.top_p, back.top_k, back.seed) == (0.7, 0.9, 5, 0)  # float32 undone
+    assert params_from_proto(params_to_proto(SamplingParams())).seed is None
+    assert float_from_proto(0.30000001192092896) == 0.3
+    for mode in VerifyMode:
+        assert mode_from_proto(mode_to_proto(mode)) is mode
+    assert mode_from_proto(generate_pb2.VERIFY_MODE_UNSPECIFIED) is None
+    d = Draft(tokens=[5, 7], probs=[([5, 6], [0.75, 0.25]), ([7], [1.0])])
+    assert draft_from_proto(draft_to_proto("r", d)) == d
+    assert draft_from_proto(draft_to_proto("r", Draft(tokens=[3], probs=None))).probs is None
+    assert outcome_from_proto(worker_pb2.VerifyOutcome(tokens=[1, 2], num_accepted=1)).num_accepted == 1
+    # The router imports these: none of them may pull in torch (or Ray).
+    code = ("import sys, specdec.rpc.convert, specdec.rpc.serving, draft_worker, target_worker;"
+            "print('torch' in sys.modules, 'ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_status_mapping():
+    from specdec.models import ModelLoadError
+    from specdec.params import InvalidParams
+    from specdec.rpc.serving import status_for
+    from specdec.runner import ContextFull, SlotsExhausted
+
+    C = grpc.StatusCode
+    assert status_for(InvalidParams("top_p", "must be in (0, 1]")) == (C.INVALID_ARGUMENT, "top_p: must be in (0, 1]")
+    assert status_for(SlotsExhausted("full"))[0] is C.RESOURCE_EXHAUSTED
+    assert status_for(ContextFull("long"))[0] is C.OUT_OF_RANGE
+    assert status_for(ModelLoadError("nope"))[0] is C.FAILED_PRECONDITION
+    code, msg = status_for(KeyError("boom\nTraceback (most recent call last): ..."))
+    assert code is C.INTERNAL and "\n" not in msg and "Traceback" not in msg
+
+
+# ---- actors over gRPC ----------------------------------------------------------------------------
+
+
+def test_info_and_tokenize(workers, reference):
+    t, d = workers.target.info(), workers.draft.info()
+    assert (t.role, t.dtype, t.device) == ("target", "float32", "cpu")
+    assert (t.max_context, t.num_slots) == (MAX_LEN, TARGET_SLOTS)
+    assert t.free_slots == TARGET_SLOTS and t.vocab_size == 259 and list(t.eos_token_ids) == sorted(reference["eos"])
+    assert (d.role, d.num_slots, d.free_slots, d.vocab_size) == ("draft", 4, 4, 259)
+    ids = workers.target.stub.Tokenize(worker_pb2.TokenizeRequest(text=PROMPT), timeout=10).token_ids
+    assert list(ids) == reference["prompt"]
+    code, msg = code_of(lambda: workers.target.stub.Tokenize(worker_pb2.TokenizeRequest(text="hi", chat=True)))
+    assert code is grpc.StatusCode.FAILED_PRECONDITION and "chat template" in msg  # tiny models have none
+    import ray
+
+    info = ray.get(workers.target.handle.info.remote())
+    assert info["address"] == workers.target.address and info["restarted"] is False and info["pid"] > 0
+
+
+@pytest.mark.parametrize("mode", ["greedy", "invariant", "rejection"])
+def test_rounds_match_single_process_engine(workers, reference, mode):
+    params, verify_mode = (GREEDY, None) if mode == "greedy" else (SEEDED, mode)
+    req = run_rounds(workers, f"match-{mode}", reference["prompt"], params, verify_mode, eos=reference["eos"])
+    ref = reference["results"][mode]
+    assert req.generated == ref.token_ids and len(req.generated) == params.max_tokens
+    assert req.finish_reason == ref.finish_reason
+    assert (req.stats.rounds, req.stats.drafted, req.stats.accepted) == (ref.stats.rounds, ref.stats.drafted,
+                                                                          ref.stats.accepted)
+    if mode == "greedy":
+        assert req.stats.accepted > 0  # the draft really was used
+    assert workers.target.info().free_slots == TARGET_SLOTS and workers.draft.info().free_slots == 4
+
+
+def test_concurrent_requests(workers, reference):
+    """Several requests driven from threads at once (the servers' thread pools call concurrently)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(TARGET_SLOTS) as pool:
+        reqs = list(pool.map(lambda i: run_rounds(workers, f"conc-{i}", reference["prompt"], GREEDY,
+                                                  eos=reference["eos"]), range(TARGET_SLOTS)))
+    assert all(r.generated == reference["results"]["greedy"].token_ids for r in reqs)
+    assert workers.target.info().free_slots == TARGET_SLOTS
+
+
+def test_verify_with_empty_draft(workers, reference):
+    prompt = reference["prompt"]
+    seq = sequence_to_proto("k0", prompt, GREEDY, VerifyMode.GREEDY)  # no Prefill: Verify builds the cache
+    (out,) = workers.target.stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seq)])).outcomes
+    assert list(out.tokens) == reference["results"]["greedy"].token_ids[:1] and out.num_accepted == 0
+    # Propose with k = 0 drafts nothing.
+    (d,) = workers.draft.stub.Propose(worker_pb2.ProposeRequest(sequences=[seq])).drafts
+    assert list(d.tokens) == [] and list(d.dists) == []
+    rel = workers.target.stub.Release(worker_pb2.ReleaseRequest(request_ids=["k0", "never-seen"]))
+    assert rel.released == 1
+
+
+def test_slots_exhausted_eviction_and_release(workers, reference):
+    stub, prompt = workers.target.stub, reference["prompt"]
+    seqs = [sequence_to_proto(f"slot-{i}", prompt, GREEDY, None) for i in range(TARGET_SLOTS)]
+    out = stub.Prefill(worker_pb2.PrefillRequest(sequences=seqs))
+    assert [o.cached_tokens for o in out.outcomes] == [len(prompt) - 1] * TARGET_SLOTS
+    assert workers.target.info().free_slots == 0
+    (first,) = stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seqs[0])])).outcomes
+    # One batch needing more slots than exist is refused whole.
+    extra = [sequence_to_proto(f"slot-extra-{i}", prompt, GREEDY, None) for i in range(TARGET_SLOTS + 1)]
+    code, msg = code_of(lambda: stub.Prefill(worker_pb2.PrefillRequest(sequences=extra)))
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "slots" in msg
+    # A single new request evicts the least recently used idle cache (caches are caches) ...
+    (o,) = stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=extra[0])])).outcomes
+    assert list(o.tokens) == list(first.tokens)
+    # ... and an evicted request that comes back is rebuilt from its tokens, unchanged.
+    (again,) = stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seqs[1])])).outcomes
+    assert list(again.tokens) == list(first.tokens)
+    ids = [s.request_id for s in seqs] + [extra[0].request_id]
+    rel = stub.Release(worker_pb2.ReleaseRequest(request_ids=ids))
+    assert rel.released == TARGET_SLOTS and workers.target.info().free_slots == TARGET_SLOTS
+
+
+def test_bad_input_is_invalid_argument(workers, reference):
+    t, d, prompt = workers.target.stub, workers.draft.stub, reference["prompt"]
+    C = grpc.StatusCode
+
+    def verify(seq, draft=None):
+        return lambda: t.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seq, draft=draft)]))
+
+    bad_tok = sequence_to_proto("bad", prompt + [100_000], GREEDY, None)
+    code, msg = code_of(verify(bad_tok))
+    assert code is C.INVALID_ARGUMENT and "100000" in msg and "tokens" in msg
+    code, _ = code_of(lambda: d.Propose(worker_pb2.ProposeRequest(sequences=[bad_tok])))
+    assert code is C.INVALID_ARGUMENT
+    ok = sequence_to_proto("bad", prompt, GREEDY, None)
+    code, msg = code_of(verify(ok, worker_pb2.Draft(tokens=[-1])))
+    assert code is C.INVALID_ARGUMENT and "draft" in msg
+    code, msg = code_of(verify(sequence_to_proto("bad", [], GREEDY, None)))
+    assert code is C.INVALID_ARGUMENT and "tokens" in msg
+    code, msg = code_of(verify(sequence_to_proto("bad", prompt, SamplingParams(temperature=0.5, top_p=2.0), None)))
+    assert code is C.INVALID_ARGUMENT and "top_p" in msg
+    code, msg = code_of(verify(sequence_to_proto("bad", prompt, SamplingParams(temperature=0.5), "invariant")))
+    assert code is C.INVALID_ARGUMENT and "seed" in msg
+    code, msg = code_of(lambda: t.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=ok)] * 2)))
+    assert code is C.INVALID_ARGUMENT and "twice" in msg
+    code, msg = code_of(verify(sequence_to_proto("bad", [1] * MAX_LEN, GREEDY, None), worker_pb2.Draft(tokens=[1])))
+    assert code is C.OUT_OF_RANGE and str(MAX_LEN) in msg
+    # Nothing was left behind, and the worker keeps serving.
+    assert workers.target.info().free_slots == TARGET_SLOTS
+
+
+def test_grpcurl_health_and_reflection(workers):
+    for w, service in ((workers.target, "specdec.v1.TargetService"), (workers.draft, "specdec.v1.DraftService")):
+        listed = run_grpcurl("-plaintext", w.address, "list")
+        assert listed.returncode == 0, listed.stderr
+        assert set(listed.stdout.split()) == {service, "grpc.health.v1.Health",
+                                              "grpc.reflection.v1alpha.ServerReflection"}
+        for name in ("", service):
+            check = run_grpcurl("-plaintext", "-d", json.dumps({"service": name}), w.address,
+                                "grpc.health.v1.Health/Check")
+            assert check.returncode == 0 and json.loads(check.stdout)["status"] == "SERVING", check.stderr
+        info = run_grpcurl("-plaintext", "-d", "{}", w.address, f"{service}/Info")
+        assert info.returncode == 0 and json.loads(info.stdout)["role"] in ("target", "draft"), info.stderr
+
+
+def test_killed_target_restarts_and_rebuilds_from_tokens(workers, reference, wait_for_restart):
+    """Kill the target mid-request; the restarted actor (new port, empty cache) is found through the
+    same handle, the committed tokens are replayed, and the output is unchanged."""
+    import ray
+
+    old_pid = ray.get(workers.target.handle.pid.remote())
+    old_address = workers.target.address
+
+    def kill_after_3(rounds: int) -> None:
+        if rounds != 3:
+            return
+        ray.kill(workers.target.handle, no_restart=False)
+        wait_for_restart(workers.target.handle, old_pid)
+        workers.target.channel.close()
+        workers.target = Worker.connect(workers.target.handle, worker_pb2_grpc.TargetServiceStub)
+
+    req = run_rounds(workers, "restart", reference["prompt"], GREEDY, eos=reference["eos"], on_round=kill_after_3)
+    assert req.generated == reference["results"]["greedy"].token_ids
+    info = ray.get(workers.target.handle.info.remote())
+    assert info["restarted"] is True and info["pid"] != old_pid
+    assert workers.target.address != old_address or info["pid"] != old_pid
+    assert workers.target.info().free_slots == TARGET_SLOTS
+    # A named actor is found again by name, too.
+    assert ray.get(ray.get_actor(TARGET_NAME).address.remote()) == workers.target.address
+
+
+def test_unloadable_model_fails_the_actor_once(ray_cluster):
+    """A bad model kills the actor in its constructor (no restart loop) with a readable cause."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    from specdec.rpc.serving import remote_error_message
+    from target_worker.actor import spawn_target_worker
+
+    with pytest.raises(ValueError, match="dtype"):  # a bad config fails before anything is spawned
+        spawn_target_worker({"model": "x", "dtype": "float8"})
+    handle = spawn_target_worker({"model": "/nonexistent/model.gguf"}, placement={"num_cpus": 0.5})
+    with pytest.raises(RayActorError) as info:
+        ray.get(handle.address.remote(), timeout=120)
+    assert remote_error_message(info.value) == "ModelLoadError: /nonexistent/model.gguf: no such file or folder"
+
+
+def test_aio_server_and_async_errors():
+    """start_aio_server (what the router uses): health, reflection, and rpc_method on coroutines."""
+    import asyncio
+
+    from specdec.params import InvalidParams
+    from specdec.rpc.serving import rpc_method, start_aio_server
+
+    class Draft(worker_pb2_grpc.DraftServiceServicer):
+        @rpc_method
+        async def Info(self, request, context):
+            return worker_pb2.WorkerInfo(model="aio", role="draft")
+
+        @rpc_method
+        async def Propose(self, request, context):
+            raise InvalidParams("sequences", "nothing to see")
+
+    async def main():
+        name = worker_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
+        server, port = await start_aio_server([(worker_pb2_grpc.add_DraftServiceServicer_to_server, Draft(), name)])
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=name))
+                assert health.status == health_pb2.HealthCheckResponse.SERVING
+                stub = worker_pb2_grpc.DraftServiceStub(ch)
+                assert (await stub.Info(worker_pb2.InfoRequest())).model == "aio"
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.Propose(worker_pb2.ProposeRequest())
+                assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert err.value.details() == "sequences: nothing to see"
+            listed = await asyncio.to_thread(run_grpcurl, "-plaintext", f"127.0.0.1:{port}", "list")
+            assert name in listed.stdout.split() and "grpc.health.v1.Health" in listed.stdout.split()
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+# ---- entry points without Ray ------------------------------------------------------------------
+
+
+def test_draft_worker_by_hand_ngram():
+    """`python -m draft_worker --model ngram` serves DraftService without Ray."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "draft_worker", "--model", "ngram", "--port", "0"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "serving ngram on" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        address = line.split()[-1]
+        with grpc.insecure_channel(address) as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            stub = worker_pb2_grpc.DraftServiceStub(channel)
+            tokens = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+            seq = sequence_to_proto("ng", tokens, SamplingParams(), None, k=3)
+            (draft,) = stub.Propose(worker_pb2.ProposeRequest(sequences=[seq]), timeout=10).drafts
+            assert list(draft.tokens) == [3, 4, 1]
+            assert stub.Info(worker_pb2.InfoRequest(), timeout=10).model == "ngram"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_target_worker_by_hand_bad_model():
+    """A model that cannot be loaded: one readable line and exit status 2, no traceback."""
+    out = subprocess.run([sys.executable, "-m", "target_worker", "--model", "/nonexistent/model.gguf"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "no such file" in out.stderr and "Traceback" not in out.stderr
