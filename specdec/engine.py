@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from specdec.drafters import DraftInput, Drafter, NoDrafter
 from specdec.params import InvalidParams, SamplingParams, choose_mode
 from specdec.runner import ModelRunner
-from specdec.scheduler import KPolicy, RequestState, RequestStats, new_request
+from specdec.scheduler import CostMeter, KPolicy, RequestState, RequestStats, new_request
 from specdec.target import TargetVerifier, VerifyItem
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class SpecEngine:
             eos_token_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.eos_token_ids = set(eos_token_ids)
         self.verify_mode = verify_mode
+        self.cost = CostMeter(c=self.k_policy.cost_ratio)
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.finished: dict[str, RequestState] = {}
@@ -94,14 +96,17 @@ class SpecEngine:
         if not batch:
             return []
         max_len = self.target.max_len
-        inputs = [DraftInput(r.id, r.tokens, r.params, r.mode, r.next_k(max_len)) for r in batch]
+        inputs = [DraftInput(r.id, r.tokens, r.params, r.mode, r.next_k(max_len, self.cost.c)) for r in batch]
+        t0 = time.perf_counter()
         drafts = self.drafter.propose(inputs)
+        t1 = time.perf_counter()
         for inp, draft in zip(inputs, drafts):  # a drafter may return fewer tokens, never more
             del draft.tokens[inp.k:]
             if draft.probs is not None:
                 del draft.probs[inp.k:]
         results = self.verifier.verify([VerifyItem(r.id, r.tokens, r.params, r.mode, d)
                                         for r, d in zip(batch, drafts)])
+        self.cost.update(t1 - t0, max(len(d.tokens) for d in drafts), time.perf_counter() - t1)
         outputs = []
         for req, draft, result in zip(batch, drafts, results):
             committed = req.commit(result.tokens, result.num_accepted, len(draft.tokens), max_len)

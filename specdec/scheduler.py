@@ -60,6 +60,22 @@ class KPolicy:
 
 
 @dataclass
+class CostMeter:
+    """Measured cost ratio c = draft step / target step (EWMA), for the adaptive choice of k.
+
+    The draft step is a round's drafting time divided by its longest draft (steps run batched);
+    the target step is the round's verification time."""
+    c: float = 0.4
+    weight: float = 0.2  # of each new round
+
+    def update(self, draft_seconds: float, draft_steps: int, verify_seconds: float) -> float:
+        if draft_steps > 0 and verify_seconds > 0:
+            sample = (draft_seconds / draft_steps) / verify_seconds
+            self.c += self.weight * (sample - self.c)
+        return self.c
+
+
+@dataclass
 class RequestState:
     id: str
     prompt_ids: list[int]
@@ -84,8 +100,10 @@ class RequestState:
     def text(self) -> str:
         return self.stops.text
 
-    def next_k(self, max_context: int) -> int:
+    def next_k(self, max_context: int, cost_ratio: float | None = None) -> int:
         """Draft length for the next round, bounded by what may still be emitted and by the context."""
+        if self.adaptive is not None and cost_ratio is not None:
+            self.adaptive.c = cost_ratio
         k = self.adaptive.next_k() if self.adaptive is not None else self.fixed_k
         remaining = self.params.max_tokens - len(self.generated) - 1  # the target adds one token itself
         return max(0, min(k, remaining, max_context - len(self.tokens)))
