@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from specdec import packs
 from specdec.cli_bench import add_bench
 from specdec.cli_generate import add_generate
+from specdec.cli_serve import add_serve
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- entry point
 
-_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models, add_generate, add_bench]
+_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models, add_generate, add_bench,
+                                                                  add_serve]
 
 
 def _build_parser() -> argparse.ArgumentParser:

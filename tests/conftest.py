@@ -11,6 +11,10 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# One torch thread: the models here are small, and with two OpenMP threads any other busy process
+# on a 2-core machine (a Ray worker, a parallel job) can make a step ten times slower.
+torch.set_num_threads(1)
+
 SMOLLM = "smollm2-135m-instruct"
 
 

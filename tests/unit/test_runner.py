@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec.quant import Int8Weight
 from specdec.runner import ContextFull, ModelRunner, RunnerError, SlotsExhausted
 from tests.conftest import load_hf
 
@@ -107,13 +108,20 @@ def test_draft_options_vocab_subset_and_int8(tiny_paths):
     full = ModelRunner(model, num_slots=1, max_len=32)
     subset = list(range(0, model.config.vocab_size, 3))
     sub = ModelRunner(model, num_slots=1, max_len=32, vocab_subset=subset)
-    quant = ModelRunner(model, num_slots=1, max_len=32, weight_quant="int8")
     want = full.forward([full.alloc_slot()], [seq], num_logits=4)[0]
     got = sub.forward([sub.alloc_slot()], [seq], num_logits=4)[0]
     inside = torch.zeros(model.config.vocab_size, dtype=torch.bool)
     inside[subset] = True
     _close(got[:, inside], want[:, inside])
     assert torch.isinf(got[:, ~inside]).all()
-    q = quant.forward([quant.alloc_slot()], [seq], num_logits=4)[0]
-    rel = (q - want).abs().max() / want.abs().max()
+    # int8 applies to bf16 models (the CPU kernel is slower than dense for float32 activations).
+    bf16 = load_hf(tiny_paths["qwen2"], dtype=torch.bfloat16)
+    dense = ModelRunner(bf16, num_slots=1, max_len=32)
+    quant = ModelRunner(bf16, num_slots=1, max_len=32, weight_quant="int8")
+    assert isinstance(quant.layers[0].q, Int8Weight)
+    ref = dense.forward([dense.alloc_slot()], [seq], num_logits=4)[0]
+    q = quant.forward([quant.alloc_slot()], [seq[:-1]], num_logits=0)  # a prefill takes the dense path
+    q = quant.forward([0], [seq[-1:]], num_logits=1)[0]  # a decode step takes the int8 kernel
+    rel = (q - ref[-1:]).abs().max() / ref.abs().max()
     assert 0 < rel < 0.1, f"int8 relative error {rel}"
+    assert not isinstance(ModelRunner(model, num_slots=1, max_len=32, weight_quant="int8").layers[0].q, Int8Weight)

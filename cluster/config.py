@@ -1,0 +1,199 @@
+"""The deployment config of ``specdec serve``: Ray, the target and draft pools, the router.
+
+YAML (see ``configs/default.yaml``)::
+
+    ray:      {address: null | "auto" | "host:port", namespace, num_cpus, resources}
+    target:   {model, name, tokenizer, replicas, dtype, device, num_slots, max_len, threads, placement, ...}
+    draft:    {model | "ngram", replicas, dtype, ..., placement}   # or null: no draft pool
+    router:   router.config.RouterConfig fields (host, port, metrics_port, k_policy, ...)
+
+``ray.address`` null starts an embedded local Ray cluster in the serving process (logical CPUs
+and the custom resources ``draft_gpu`` / ``target_gpu`` sized for the pools); "auto" joins the
+running cluster (``ray up`` / ``ray start``). Worker keys other than replicas / placement / name /
+tokenizer go to :class:`specdec.rpc.serving.WorkerConfig`.
+
+Torch-free and Ray-free: the CLI parses and validates a config before starting anything.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from router.config import RouterConfig
+from specdec.rpc.serving import WorkerConfig
+
+__all__ = ["PoolConfig", "RayConfig", "ServeConfig", "load_config", "DEFAULT_CONFIG", "default_threads"]
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+
+_POOL_KEYS = {"replicas", "placement", "name", "tokenizer"}
+
+
+def default_threads(role: str, cores: int | None = None) -> int:
+    """Torch threads per worker when the config leaves ``threads`` unset: the cores are split, never
+    oversubscribed.
+
+    The draft and the target worker are separate processes on one machine (the embedded default).
+    If their threads add up to more than the cores, every overlap of the two (pre-drafting,
+    micro-batches, or just OpenMP threads still spinning after a parallel region) leaves an OpenMP
+    team waiting on a descheduled thread, and a step costs several times more: measured on the
+    2-core machine, a 5 x 576 x 1536 matmul took 0.3 ms with 1 thread and 1.4 ms with 2 once other
+    processes were running, a 179-token prefill 3x more. So the drafter gets 1 core (2 above 4 cores)
+    and the target the rest: on 2 cores, one each. Strictly alternating rounds leave one core idle,
+    which costs the target part of its verify speed; in exchange a round never stalls, and
+    pipelined drafting really runs beside the verify. Set ``threads`` in the config to override.
+    """
+    cores = cores or os.cpu_count() or 1
+    draft = 1 if cores <= 4 else 2
+    if role == "draft":
+        return draft
+    return max(1, cores - draft)
+
+
+@dataclass
+class PoolConfig:
+    worker: WorkerConfig
+    replicas: int = 1
+    placement: dict | None = None
+    name: str | None = None  # the model name clients use (default: worker.model)
+    tokenizer: str | None = None  # target only: where tokenizer.json is (default: worker.model)
+
+    @property
+    def model_name(self) -> str:
+        return self.name or self.worker.model
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], role: str) -> PoolConfig:
+        d = dict(d)
+        pool = {k: d.pop(k) for k in list(d) if k in _POOL_KEYS}
+        if "model" not in d:
+            raise ValueError(f"{role}: 'model' is required")
+        if d.get("threads") in (None, "auto"):
+            d["threads"] = default_threads(role)
+        try:
+            worker = WorkerConfig.from_dict(d)
+        except ValueError as exc:
+            raise ValueError(f"{role}: {exc}") from None
+        replicas = pool.get("replicas", 1)
+        if not isinstance(replicas, int) or replicas < 1:
+            raise ValueError(f"{role}.replicas must be an integer >= 1 (got {replicas!r})")
+        if role == "target" and worker.model.lower() == "ngram":
+            raise ValueError("target.model: a target needs a model, not 'ngram'")
+        return cls(worker=worker, replicas=replicas, placement=pool.get("placement"), name=pool.get("name"),
+                    tokenizer=pool.get("tokenizer"))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.worker.to_dict()
+        out.update(replicas=self.replicas, placement=self.placement, name=self.name, tokenizer=self.tokenizer)
+        return out
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # None: embedded local cluster; "auto": join the running one
+    namespace: str = "specdec"
+    num_cpus: int | None = None  # embedded only; default max(cores, workers)
+    resources: dict[str, float] | None = None  # embedded only; default sized for the pools
+    include_dashboard: bool = False
+    # Embedded only. Ray starts worker processes at niceness 15 by default; the workers are this
+    # service's compute, so on a shared machine they would lose every core to anything else
+    # running. 0 = the same priority as the serving process.
+    worker_niceness: int | None = 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> RayConfig:
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"ray: unknown keys {unknown} (known: {sorted(known)})")
+        return cls(**d)
+
+
+@dataclass
+class ServeConfig:
+    target: PoolConfig
+    draft: PoolConfig | None
+    router: RouterConfig = field(default_factory=RouterConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ServeConfig:
+        d = copy.deepcopy(d or {})
+        unknown = sorted(set(d) - {"target", "draft", "router", "ray"})
+        if unknown:
+            raise ValueError(f"config: unknown sections {unknown} (known: ray, target, draft, router)")
+        if not d.get("target"):
+            raise ValueError("config: a 'target' section with a model is required")
+        target = PoolConfig.from_dict(d["target"], "target")
+        draft_d = d.get("draft")
+        draft = None
+        if draft_d and str(draft_d.get("model", "")).lower() not in ("", "none", "off"):
+            draft = PoolConfig.from_dict(draft_d, "draft")
+        router_d = d.get("router") or {}
+        return cls(target=target, draft=draft, router=RouterConfig.from_dict(router_d),
+                   ray=RayConfig.from_dict(d.get("ray")))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ray": dataclasses.asdict(self.ray),
+            "target": self.target.to_dict(),
+            "draft": self.draft.to_dict() if self.draft else None,
+            "router": self.router.to_dict() | {"k_policy": dataclasses.asdict(self.router.k_policy)},
+        }
+
+
+def _set_model(section: dict, model: str) -> None:
+    section["model"] = model
+    section.pop("name", None)  # the new model is named by its own spec
+    section.pop("tokenizer", None)
+
+
+def load_config(path: str | Path | None = None, *, target: str | None = None, draft: str | None = None,
+                dtype: str | None = None, port: int | None = None, metrics_port: int | None = None,
+                address: str | None = None) -> ServeConfig:
+    """Read the YAML (default ``configs/default.yaml``) and apply command-line overrides.
+
+    ``draft`` "none" removes the draft pool (the router can still draft with n-grams); ``dtype``
+    applies to both pools; ``address`` sets ``ray.address``.
+    """
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ValueError(f"cannot read config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config {path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"config {path}: expected a mapping at the top level")
+    raw.setdefault("target", {})
+    raw.setdefault("router", {})
+    raw.setdefault("ray", {})
+    if target is not None:
+        _set_model(raw["target"], target)
+    if draft is not None:
+        if draft.lower() in ("none", "off", ""):
+            raw["draft"] = None
+        else:
+            if not raw.get("draft"):  # no draft pool in the file: size it like the target
+                raw["draft"] = {k: v for k, v in raw["target"].items()
+                                if k not in ("name", "tokenizer", "placement", "threads", "replicas")}
+            _set_model(raw["draft"], draft)
+    if dtype is not None:
+        for section in ("target", "draft"):
+            if raw.get(section):
+                raw[section]["dtype"] = dtype
+    if port is not None:
+        raw["router"]["port"] = port
+    if metrics_port is not None:
+        raw["router"]["metrics_port"] = None if metrics_port < 0 else metrics_port
+    if address is not None:
+        raw["ray"]["address"] = None if address in ("", "local", "embedded") else address
+    return ServeConfig.from_dict(raw)

@@ -1,0 +1,188 @@
+"""Bring the service up on Ray: workers as actors, the router in this process.
+
+:func:`launch` starts (embedded) or joins (``ray.address: auto``) a Ray cluster, creates the
+target and draft worker actors placed by the config's resources, waits for their gRPC servers,
+and starts the router (public gRPC API + /metrics) on a background thread with the actors'
+handles. :func:`serve` does that and blocks until SIGINT / SIGTERM, then shuts down cleanly:
+health flips to NOT_SERVING, running requests get ``router.grace_s`` to finish (the rest end as
+"cancelled"), the actors are killed and an embedded Ray is shut down (``ray stop`` is never run).
+
+This is the one place that imports the router and both worker packages together.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.config import PoolConfig, ServeConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Deployment", "launch", "serve", "start_ray", "check_models"]
+
+
+@dataclass
+class Deployment:
+    config: ServeConfig
+    router: Any  # router.server.RouterThread
+    targets: list = field(default_factory=list)
+    drafts: list = field(default_factory=list)
+    started_ray: bool = False
+
+    @property
+    def address(self) -> str:
+        return self.router.address
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.router.router.metrics_port
+
+    def stop(self, grace: float | None = None) -> None:
+        import ray
+
+        if self.router is not None:
+            self.router.stop(grace)
+        for h in self.targets + self.drafts:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()
+        log.info("specdec stopped")
+
+
+def check_models(cfg: ServeConfig) -> None:
+    """Fail before starting anything when a model pack is not prepared (PackNotReady says how)."""
+    from specdec import packs
+
+    for pool in (cfg.target, cfg.draft):
+        if pool is not None and pool.worker.model in packs.PACKS:
+            packs.resolve_pack(pool.worker.model)
+    if cfg.target.tokenizer and cfg.target.tokenizer in packs.PACKS:
+        packs.resolve_pack(cfg.target.tokenizer)
+
+
+def _default_resources(cfg: ServeConfig) -> dict[str, float]:
+    res: dict[str, float] = {}
+    for pool, default_key in ((cfg.target, "target_gpu"), (cfg.draft, "draft_gpu")):
+        if pool is None:
+            continue
+        wanted = (pool.placement or {}).get("resources") or {default_key: 1}
+        for key, amount in wanted.items():
+            res[key] = res.get(key, 0) + float(amount) * pool.replicas
+    return res
+
+
+def start_ray(cfg: ServeConfig) -> bool:
+    """Start an embedded local cluster or join ``cfg.ray.address``; True if we started one."""
+    import ray
+
+    rc = cfg.ray
+    if ray.is_initialized():
+        return False
+    if rc.address:
+        log.info("joining the Ray cluster at %s", rc.address)
+        ray.init(address=rc.address, namespace=rc.namespace)
+        return False
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, in-process cluster
+    workers = cfg.target.replicas + (cfg.draft.replicas if cfg.draft else 0)
+    num_cpus = rc.num_cpus or max(os.cpu_count() or 1, workers)
+    resources = dict(rc.resources) if rc.resources else _default_resources(cfg)
+    log.info("starting an embedded Ray cluster: %d logical CPUs, resources %s", num_cpus, resources)
+    system = {"worker_niceness": rc.worker_niceness} if rc.worker_niceness is not None else None
+    ray.init(address="local", num_cpus=num_cpus, resources=resources, namespace=rc.namespace,
+             include_dashboard=rc.include_dashboard, _system_config=system)
+    return True
+
+
+def _spawn(pool: PoolConfig, role: str) -> list:
+    if role == "target":
+        from target_worker.actor import spawn_target_worker as spawn
+    else:
+        from draft_worker.actor import spawn_draft_worker as spawn
+    return [spawn(pool.worker.to_dict(), pool.placement) for _ in range(pool.replicas)]
+
+
+def _wait_ready(handles: list, role: str, timeout: float) -> list[str]:
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        return ray.get([h.address.remote() for h in handles], timeout=timeout)
+    except GetTimeoutError:
+        raise RuntimeError(f"{role} workers did not start within {timeout:.0f} s (not enough "
+                           f"resources for their placement? see `ray status`)") from None
+    except RayActorError as exc:
+        raise RuntimeError(f"a {role} worker failed to start: {exc}") from None
+
+
+def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
+    """Start everything; returns once the router serves. The caller stops it (``Deployment.stop``)."""
+    from router.server import RouterThread, TargetBinding
+    from router.workers import ActorEndpoint
+
+    check_models(cfg)
+    started = start_ray(cfg)
+    dep = Deployment(config=cfg, router=None, started_ray=started)
+    try:
+        t0 = time.monotonic()
+        dep.targets = _spawn(cfg.target, "target")
+        dep.drafts = _spawn(cfg.draft, "draft") if cfg.draft else []
+        addrs = _wait_ready(dep.targets, "target", connect_timeout)
+        log.info("target workers ready at %s", ", ".join(addrs))
+        if dep.drafts:
+            addrs = _wait_ready(dep.drafts, "draft", connect_timeout)
+            log.info("draft workers ready at %s", ", ".join(addrs))
+        log.info("workers loaded in %.1f s", time.monotonic() - t0)
+        bindings = []
+        for i, t in enumerate(dep.targets):
+            d = dep.drafts[i % len(dep.drafts)] if dep.drafts else None
+            bindings.append(TargetBinding(
+                model=cfg.target.model_name,
+                target=ActorEndpoint(t, name=f"target-{i}"),
+                draft=ActorEndpoint(d, name=f"draft-{i % len(dep.drafts)}") if d is not None else None,
+                draft_model=cfg.draft.model_name if cfg.draft else None,
+                tokenizer=cfg.target.tokenizer or cfg.target.worker.model,
+            ))
+        dep.router = RouterThread(bindings, cfg.router).start(connect_timeout)
+    except BaseException:
+        dep.stop(grace=0)
+        raise
+    return dep
+
+
+def serve(cfg: ServeConfig, *, ready: Any = None) -> int:
+    """:func:`launch`, then block until SIGINT / SIGTERM and shut down cleanly. Returns 0."""
+    stop = threading.Event()
+
+    def _on_signal(signum, _frame):
+        log.info("received %s: shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    dep = None
+    try:
+        dep = launch(cfg)
+        for s in previous:  # Ray may have installed its own handlers while starting
+            signal.signal(s, _on_signal)
+        metrics = dep.metrics_port
+        msg = (f"specdec serving specdec.v1.Generation on {dep.address}"
+               + (f", metrics on http://{cfg.router.metrics_host}:{metrics}/metrics" if metrics else ""))
+        log.info(msg)
+        if ready is not None:
+            ready(dep)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        if dep is not None:
+            dep.stop()
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 0

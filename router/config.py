@@ -1,0 +1,118 @@
+"""Router settings: queue and batch sizes, the k policy, pipelining, fail-open deadlines, ports.
+
+A plain dataclass (no torch, no Ray): `cluster/` builds it from the YAML config's ``router``
+section, tests build it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec.scheduler import KPolicy
+
+__all__ = ["RouterConfig", "SPEC_MODES", "kpolicy_from_dict"]
+
+SPEC_MODES = ("off", "draft", "ngram", "auto")
+
+
+def kpolicy_from_dict(d: dict | KPolicy | None) -> KPolicy:
+    if d is None:
+        return KPolicy(k=4, adaptive=True, k_min=1, k_max=8)
+    if isinstance(d, KPolicy):
+        return d
+    known = {f.name for f in dataclasses.fields(KPolicy)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"k_policy: unknown keys {unknown} (known: {sorted(known)})")
+    return KPolicy(**d)
+
+
+@dataclass
+class RouterConfig:
+    """How the router serves.
+
+    host / port: the public gRPC ``specdec.v1.Generation`` endpoint (port 0 = any free port).
+    metrics_host / metrics_port: Prometheus ``/metrics`` over HTTP (port 0 = any free port,
+      None = no HTTP endpoint; the registry is still there).
+    max_queue: requests waiting for a batch slot, per target worker; beyond it RESOURCE_EXHAUSTED.
+    max_batch: requests decoded together per target worker (0 = the target's KV slots).
+    default_max_tokens: used when a request leaves max_tokens at 0 (capped by the context).
+    k_policy: draft length: fixed k, or adaptive per request within [k_min, k_max] (the core's
+      AdaptiveK); a request's own ``speculation.k`` is capped at ``k_policy.k_max``.
+    default_mode: what SPECULATION_MODE_AUTO / UNSPECIFIED means: "draft" (the draft worker;
+      n-gram when the deployment has none), "ngram" or "off".
+    auto_off_batch: auto-mode requests stop speculating while more than this many requests run on
+      their target (batched verification turns compute-bound; 0 = never).
+    micro_batches: pipelining lanes per target: with 2, while the target verifies one micro-batch
+      the drafter drafts for the other. 1 = no micro-batching.
+    split_min_batch: split into micro-batches only with at least this many running requests
+      (below it one batch: splitting a small, memory-bound batch only doubles target steps).
+    predraft: while the target verifies round r, the drafter drafts round r+1 on the guess that
+      all of round r is accepted (PEARL); used when the guess proves right, discarded otherwise.
+    draft_deadline_s / draft_deadline_factor / draft_deadline_min_s: a round waits for its drafts
+      at most factor x (k + 1) recent Verify times (a draft slower than that cannot pay for
+      itself), clamped to [min, draft_deadline_s] (factor 0: always draft_deadline_s). A later
+      draft fails open: the round verifies with k = 0; while the drafter is still busy with the
+      late draft, rounds fail open without waiting, and speculation resumes when it has caught up.
+    rpc_timeout_s: timeout of one Verify / Prefill / Tokenize call to a worker.
+    recovery_timeout_s: how long requests wait for a restarted target before UNAVAILABLE.
+    ngram_max / ngram_min: window of the router's local n-gram drafter.
+    grace_s: on shutdown, time given to running requests before they end as "cancelled".
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = 9400
+    max_queue: int = 64
+    max_batch: int = 0
+    default_max_tokens: int = 256
+    k_policy: KPolicy = field(default_factory=lambda: KPolicy(k=4, adaptive=True, k_min=1, k_max=8))
+    default_mode: str = "draft"
+    auto_off_batch: int = 0
+    micro_batches: int = 2
+    split_min_batch: int = 4
+    predraft: bool = False
+    draft_deadline_s: float = 5.0
+    draft_deadline_factor: float = 2.0
+    draft_deadline_min_s: float = 0.05
+    rpc_timeout_s: float = 120.0
+    recovery_timeout_s: float = 300.0
+    ngram_max: int = 3
+    ngram_min: int = 1
+    grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        self.k_policy = kpolicy_from_dict(self.k_policy)
+        if self.default_mode not in ("draft", "ngram", "off"):
+            raise ValueError(f"router.default_mode must be draft, ngram or off (got {self.default_mode!r})")
+        for key in ("max_queue", "micro_batches", "split_min_batch", "default_max_tokens"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"router.{key} must be an integer >= 1 (got {v!r})")
+        for key in ("max_batch", "auto_off_batch"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"router.{key} must be an integer >= 0 (got {v!r})")
+        for key in ("draft_deadline_s", "rpc_timeout_s", "recovery_timeout_s", "draft_deadline_min_s"):
+            if float(getattr(self, key)) <= 0:
+                raise ValueError(f"router.{key} must be > 0")
+        if float(self.draft_deadline_factor) < 0:
+            raise ValueError("router.draft_deadline_factor must be >= 0 (0 = a fixed deadline)")
+        if self.k_policy.k < 0 or self.k_policy.k_max < 0:
+            raise ValueError("router.k_policy: k and k_max must be >= 0")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> RouterConfig:
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"router config: unknown keys {unknown} (known: {sorted(known)})")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        return out

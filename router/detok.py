@@ -1,0 +1,84 @@
+"""Detokenisation for the router: the target's ``tokenizer.json`` through the `tokenizers` library.
+
+The router applies stop strings and builds text (DESIGN.md invariant 5), so it needs to turn token
+ids into text exactly as the target's transformers tokenizer does (``decode(ids,
+skip_special_tokens=True)``), without transformers or torch. A fast tokenizer's ``decode`` *is*
+the Rust ``tokenizers`` decode, plus an optional clean-up of spaces before punctuation that
+``tokenizer_config.json`` may switch on; both are reproduced here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Detokenizer", "resolve_model_dir", "TokenizerNotFound"]
+
+
+class TokenizerNotFound(FileNotFoundError):
+    pass
+
+
+def resolve_model_dir(spec: str | Path) -> Path:
+    """The local folder holding a model's tokenizer: a pack name, a folder, or a .gguf's folder.
+
+    Pack names resolve through :func:`specdec.packs.resolve_pack` (torch-free).
+    """
+    from specdec import packs
+
+    s = str(spec)
+    if s in packs.PACKS:
+        return packs.resolve_pack(s)
+    path = Path(s).expanduser()
+    if path.is_file():
+        path = path.parent
+    if (path / "tokenizer.json").is_file():
+        return path
+    raise TokenizerNotFound(
+        f"no tokenizer.json for model {s!r}: give a prepared pack name or a folder with tokenizer.json "
+        "(the router decodes text with the target's tokenizer)"
+    )
+
+
+def _clean_up_tokenization(text: str) -> str:
+    # transformers' PreTrainedTokenizerBase.clean_up_tokenization
+    return (text.replace(" .", ".").replace(" ?", "?").replace(" !", "!").replace(" ,", ",")
+            .replace(" ' ", "'").replace(" n't", "n't").replace(" 'm", "'m").replace(" 's", "'s")
+            .replace(" 've", "'ve").replace(" 're", "'re"))
+
+
+class Detokenizer:
+    def __init__(self, model_dir: str | Path):
+        from tokenizers import Tokenizer
+
+        self.model_dir = Path(model_dir)
+        path = self.model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerNotFound(f"{path} does not exist")
+        self._tok = Tokenizer.from_file(str(path))
+        self._cleanup = False
+        cfg = self.model_dir / "tokenizer_config.json"
+        if cfg.is_file():
+            try:
+                self._cleanup = bool(json.loads(cfg.read_text()).get("clean_up_tokenization_spaces", False))
+            except (OSError, ValueError):
+                log.warning("could not read %s; no space clean-up", cfg)
+
+    @classmethod
+    def for_model(cls, spec: str | Path) -> Detokenizer:
+        return cls(resolve_model_dir(spec))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def decode(self, ids: list[int]) -> str:
+        text = self._tok.decode(list(ids), skip_special_tokens=True)
+        return _clean_up_tokenization(text) if self._cleanup else text
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenize like ``tokenizer(text)`` (special tokens added by the post-processor)."""
+        return list(self._tok.encode(text).ids)

@@ -1,0 +1,255 @@
+"""The router's view of one worker: where it is, whether it is up, and its gRPC stub.
+
+An :class:`Endpoint` says where a worker's gRPC server is. :class:`StaticEndpoint` is a fixed
+``host:port``; :class:`ActorEndpoint` asks a Ray actor handle for its ``address()`` — after a
+restart the actor listens on a new port, and the call waits for the restart. The router never
+imports Ray (nor torch): the handle is used duck-typed (``handle.address.remote()`` returns an
+ObjectRef whose ``future()`` is a concurrent future).
+
+A :class:`WorkerClient` wraps the channel and stub. Transport failures (the worker is gone,
+restarting, or not answering) raise :class:`WorkerUnavailable` and mark the worker down; a
+single background task then re-resolves the endpoint and probes ``Info`` until the worker answers
+again (``up`` flips back). Drafters are used only while up (fail open otherwise); target calls
+wait for the recovery (:meth:`WorkerClient.wait_up`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import grpc
+
+from specdec.rpc import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# Trailing metadata a worker may attach to an answer: its own compute time in seconds.
+COMPUTE_METADATA_KEY = "specdec-compute-seconds"
+
+__all__ = ["COMPUTE_METADATA_KEY", "Endpoint", "StaticEndpoint", "ActorEndpoint", "WorkerClient", "WorkerUnavailable",
+           "TRANSPORT_CODES"]
+
+# Status codes that mean "this worker cannot answer now" rather than "this request is bad".
+TRANSPORT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                             grpc.StatusCode.CANCELLED})
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    # A restarted worker may come back on the same address: reconnect quickly.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+]
+
+
+class WorkerUnavailable(Exception):
+    """The worker did not answer (gone, restarting, overloaded past the timeout)."""
+
+
+class Endpoint(Protocol):
+    name: str
+
+    async def resolve(self, timeout: float) -> str: ...
+
+
+class StaticEndpoint:
+    def __init__(self, address: str, name: str | None = None):
+        self.address = address
+        self.name = name or address
+
+    async def resolve(self, timeout: float) -> str:
+        return self.address
+
+    def __repr__(self) -> str:
+        return f"StaticEndpoint({self.address!r})"
+
+
+class ActorEndpoint:
+    """A Ray actor with an ``address()`` method (draft_worker / target_worker actors)."""
+
+    def __init__(self, handle: Any, name: str | None = None):
+        self.handle = handle
+        self.name = name or repr(handle)
+
+    async def resolve(self, timeout: float) -> str:
+        ref = self.handle.address.remote()
+        fut = asyncio.wrap_future(ref.future())
+        try:
+            return str(await asyncio.wait_for(fut, timeout))
+        except asyncio.TimeoutError:
+            raise WorkerUnavailable(f"{self.name}: address() did not answer in {timeout:.0f} s") from None
+        except Exception as exc:  # RayActorError & co., without importing ray
+            raise WorkerUnavailable(f"{self.name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+    def __repr__(self) -> str:
+        return f"ActorEndpoint({self.name!r})"
+
+
+class WorkerClient:
+    """One draft or target worker, seen from the router's event loop."""
+
+    def __init__(self, endpoint: Endpoint, role: str, *, resolve_timeout: float = 60.0,
+                 on_state: Callable[[WorkerClient], None] | None = None):
+        if role not in ("draft", "target"):
+            raise ValueError(f"role must be 'draft' or 'target' (got {role!r})")
+        self.endpoint = endpoint
+        self.role = role
+        self.resolve_timeout = resolve_timeout
+        self.on_state = on_state
+        self.address: str | None = None
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: Any = None
+        self.info: worker_pb2.WorkerInfo | None = None
+        self.up = False
+        self.restarts = 0  # address changes after a failure (a restarted actor)
+        self.lock = asyncio.Lock()  # batch RPCs (Propose / Verify) go one at a time
+        self._recovery: asyncio.Task | None = None
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self.endpoint.name
+
+    def __repr__(self) -> str:
+        return f"WorkerClient({self.role}, {self.name}, {self.address}, up={self.up})"
+
+    # ---- connection --------------------------------------------------------------------------
+    async def _open(self, address: str) -> None:
+        if address == self.address and self.channel is not None:
+            return
+        old = self.channel
+        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        stub_cls = worker_pb2_grpc.DraftServiceStub if self.role == "draft" else worker_pb2_grpc.TargetServiceStub
+        self.stub = stub_cls(self.channel)
+        if self.address is not None and address != self.address:
+            self.restarts += 1
+            log.info("%s worker %s moved from %s to %s (restarted)", self.role, self.name, self.address, address)
+        self.address = address
+        if old is not None:
+            await old.close(grace=None)
+
+    async def _probe(self) -> None:
+        address = await self.endpoint.resolve(self.resolve_timeout)
+        await self._open(address)
+        try:
+            self.info = await self.stub.Info(worker_pb2.InfoRequest(), timeout=10.0)
+        except grpc.aio.AioRpcError as exc:
+            raise WorkerUnavailable(f"{self.role} worker {self.name} at {address}: Info: "
+                                    f"{exc.code().name}: {exc.details()}") from None
+
+    def _set_up(self, up: bool) -> None:
+        if up != self.up:
+            self.up = up
+            if self.on_state is not None:
+                self.on_state(self)
+
+    async def connect(self, timeout: float) -> None:
+        """First connection: resolve and probe until the worker answers or ``timeout`` passes."""
+        self._ensure_recovery()
+        await self.wait_up(timeout)
+
+    def mark_down(self, why: str) -> None:
+        if self.up:
+            log.warning("%s worker %s (%s) is down: %s", self.role, self.name, self.address, why)
+        self._set_up(False)
+        self._ensure_recovery()
+
+    def _ensure_recovery(self) -> None:
+        if self._closed or (self._recovery is not None and not self._recovery.done()):
+            return
+        self._recovery = asyncio.get_running_loop().create_task(self._recover(), name=f"recover-{self.role}")
+
+    async def _recover(self) -> None:
+        delay = 0.05
+        t0 = time.monotonic()
+        while not self._closed:
+            try:
+                await self._probe()
+            except (WorkerUnavailable, OSError) as exc:
+                log.debug("%s worker %s not back yet: %s", self.role, self.name, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            if self.restarts or time.monotonic() - t0 > 1:
+                log.info("%s worker %s is up at %s (after %.1f s)", self.role, self.name, self.address,
+                         time.monotonic() - t0)
+            self._set_up(True)
+            return
+
+    async def wait_up(self, timeout: float) -> None:
+        """Return once the worker is up; WorkerUnavailable after ``timeout`` seconds."""
+        if self.up:
+            return
+        self._ensure_recovery()
+        task = self._recovery
+        if task is None:
+            raise WorkerUnavailable(f"{self.role} worker {self.name} is closed")
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except asyncio.TimeoutError:
+            raise WorkerUnavailable(f"{self.role} worker {self.name} is not available "
+                                    f"(waited {timeout:.0f} s)") from None
+        if not self.up:
+            raise WorkerUnavailable(f"{self.role} worker {self.name} is not available")
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._recovery is not None and not self._recovery.done():
+            self._recovery.cancel()
+        if self.channel is not None:
+            await self.channel.close(grace=None)
+
+    # ---- calls -------------------------------------------------------------------------------
+    async def call(self, method: str, request: Any, timeout: float) -> Any:
+        """Call ``method`` on the stub. Transport failures mark the worker down and raise
+        WorkerUnavailable; other gRPC errors (the worker rejected the request) propagate."""
+        resp, _ = await self.call_timed(method, request, timeout)
+        return resp
+
+    async def call_timed(self, method: str, request: Any, timeout: float) -> tuple[Any, float | None]:
+        """:meth:`call`, also returning the worker's own compute time when it reports one in the
+        trailing metadata (``specdec-compute-seconds``), else None."""
+        if self.stub is None or not self.up:
+            raise WorkerUnavailable(f"{self.role} worker {self.name} is down")
+        address = self.address
+        try:
+            call = getattr(self.stub, method)(request, timeout=timeout)
+            resp = await call
+            compute = None
+            for key, value in (await call.trailing_metadata()) or ():
+                if key == COMPUTE_METADATA_KEY:
+                    try:
+                        compute = float(value)
+                    except ValueError:
+                        pass
+            return resp, compute
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in TRANSPORT_CODES or (exc.code() == grpc.StatusCode.UNKNOWN
+                                                  and "Stream removed" in (exc.details() or "")):
+                if self.address == address:  # not already replaced by a recovery
+                    self.mark_down(f"{method}: {exc.code().name}: {exc.details()}")
+                raise WorkerUnavailable(f"{self.role} worker {self.name}: {method}: {exc.code().name}: "
+                                        f"{exc.details()}") from None
+            raise
+
+    async def release(self, request_ids: list[str]) -> None:
+        """Free KV slots (best effort: a worker that is down has lost them anyway)."""
+        if not request_ids or not self.up:
+            return
+        try:
+            await self.call("Release", worker_pb2.ReleaseRequest(request_ids=request_ids), timeout=10.0)
+        except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:
+            log.debug("%s release failed: %s", self.role, exc)
+
+    async def refresh_info(self) -> worker_pb2.WorkerInfo | None:
+        try:
+            self.info = await self.call("Info", worker_pb2.InfoRequest(), timeout=5.0)
+        except (WorkerUnavailable, grpc.aio.AioRpcError):
+            pass
+        return self.info

@@ -1,0 +1,173 @@
+"""`specdec serve` as a real subprocess: embedded Ray, SmolLM2-135M workers, third-party clients.
+
+The service is started from a YAML config on free ports; grpcurl (a third-party client) lists the
+services through reflection, calls Generate and the health check; `specdec generate --server`
+must print the same JSON (text, token_ids, finish_reason, usage) as the local `specdec generate`;
+/metrics shows specdec_ series; SIGTERM ends it cleanly (exit code 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.conftest import SMOLLM
+from tests.grpc_helpers import run_grpcurl
+
+REPO = Path(__file__).resolve().parents[2]
+SPECDEC = [sys.executable, "-m", "specdec.cli"]
+PROMPT = "def fibonacci(n):"
+GENERATION = "specdec.v1.Generation"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture(scope="module")
+def served(smollm_path, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    port, metrics_port = _free_port(), _free_port()
+    worker = {"model": SMOLLM, "dtype": "float32", "num_slots": 4, "max_len": 1024, "threads": 1}
+    config = {
+        "ray": {"num_cpus": 2},
+        "target": dict(worker),
+        "draft": dict(worker),  # SmolLM2 drafting for itself: a smoke configuration
+        "router": {"port": port, "metrics_port": metrics_port, "k_policy": {"k": 3, "adaptive": False}},
+    }
+    path = tmp / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = open(tmp / "serve.log", "w+")
+    proc = subprocess.Popen([*SPECDEC, "serve", "--config", str(path)], cwd=REPO, env=_env(), stdout=log,
+                            stderr=subprocess.STDOUT)
+    address = f"127.0.0.1:{port}"
+    try:
+        _wait_serving(proc, address, log, timeout=240)
+        yield {"proc": proc, "address": address, "metrics_port": metrics_port, "log": log}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+        log.close()
+
+
+def _wait_serving(proc, address: str, log, timeout: float) -> None:
+    t_end = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"specdec serve exited with {proc.returncode}:\n{log.read()[-4000:]}")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > t_end:
+                log.seek(0)
+                pytest.fail(f"specdec serve not serving after {timeout:.0f} s:\n{log.read()[-4000:]}")
+            time.sleep(0.5)
+
+
+def test_grpcurl_lists_services_calls_generate_and_health(served):
+    address = served["address"]
+    out = run_grpcurl("-plaintext", address, "list")
+    assert out.returncode == 0, out.stderr
+    assert set(out.stdout.split()) == {GENERATION, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+    out = run_grpcurl("-plaintext", address, "list", GENERATION)
+    assert out.stdout.split() == [f"{GENERATION}.{m}" for m in ("Generate", "GenerateStream", "ListModels")]
+
+    body = {"request_id": "curl-1", "prompt": PROMPT, "max_tokens": 12, "speculation": {"mode": "SPECULATION_MODE_DRAFT"}}
+    out = run_grpcurl("-plaintext", "-d", json.dumps(body), address, f"{GENERATION}/Generate", timeout=120)
+    assert out.returncode == 0, out.stderr
+    resp = json.loads(out.stdout)
+    assert resp["request_id"] == "curl-1" and resp["finish_reason"] in ("stop", "length")
+    assert len(resp["token_ids"]) == resp["usage"]["completion_tokens"] <= 12 and resp["text"]
+    assert int(resp["speculation"]["drafted"]) > 0
+
+    out = run_grpcurl("-plaintext", "-d", json.dumps({"prompt": PROMPT, "max_tokens": 4}), address,
+                      f"{GENERATION}/GenerateStream", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count('"finishReason"') + out.stdout.count('"finish_reason"') == 1
+
+    out = run_grpcurl("-plaintext", "-d", json.dumps({"prompt": PROMPT, "top_p": 2}), address,
+                      f"{GENERATION}/Generate")
+    assert out.returncode != 0 and "InvalidArgument" in out.stdout + out.stderr and "top_p" in out.stdout + out.stderr
+
+    for service in ("", GENERATION):
+        out = run_grpcurl("-plaintext", "-d", json.dumps({"service": service}), address, "grpc.health.v1.Health/Check")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == {"status": "SERVING"}
+
+    out = run_grpcurl("-plaintext", "-d", "{}", address, f"{GENERATION}/ListModels")
+    models = json.loads(out.stdout)["models"]
+    assert [(m["name"], m["role"], m.get("ready")) for m in models] == [(SMOLLM, "target", True), (SMOLLM, "draft", True)]
+
+
+def test_generate_server_json_matches_local(served):
+    flags = ["--target", SMOLLM, "--prompt", PROMPT, "--max-tokens", "24", "--json"]
+    remote = subprocess.run([*SPECDEC, "generate", *flags, "--server", served["address"]], cwd=REPO, env=_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert remote.returncode == 0, remote.stderr
+    local = subprocess.run([*SPECDEC, "generate", *flags, "--draft", "none", "--dtype", "float32"], cwd=REPO,
+                           env=_env(), capture_output=True, text=True, timeout=300)
+    assert local.returncode == 0, local.stderr
+    r, loc = json.loads(remote.stdout), json.loads(local.stdout)
+    for key in ("text", "token_ids", "finish_reason", "usage"):
+        assert r[key] == loc[key], key
+    assert set(r["stats"]) == set(loc["stats"])  # the same JSON shape
+    assert r["stats"]["drafted"] > 0 and r["stats"]["rounds"] < 24
+
+    bad = subprocess.run([*SPECDEC, "generate", *flags, "--top-p", "0", "--server", served["address"]], cwd=REPO,
+                         env=_env(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "top_p" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_metrics_endpoint(served):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{served['metrics_port']}/metrics", timeout=10).read().decode()
+    samples = {line.split(" ")[0]: float(line.split(" ")[-1]) for line in text.splitlines()
+               if line.startswith("specdec_") and " " in line}
+    assert samples.get("specdec_generated_tokens_total", 0) > 0
+    assert samples.get("specdec_rounds_total", 0) > 0
+    assert samples.get("specdec_drafted_tokens_total", 0) > 0
+    assert any(k.startswith('specdec_requests_total{outcome="invalid_argument"') for k in samples)
+    assert 'specdec_worker_up{role="target",worker="target-0"} 1.0' in text
+
+
+def test_sigterm_shuts_down_cleanly(served):
+    proc, log = served["proc"], served["log"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(90) == 0
+    log.seek(0)
+    text = log.read()
+    assert "received SIGTERM" in text and "specdec stopped" in text
+    assert "Traceback" not in text
+    with grpc.insecure_channel(served["address"]) as ch:
+        with pytest.raises(grpc.RpcError):
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)

@@ -1,0 +1,484 @@
+"""The disaggregated service end to end: router + draft and target Ray actors, real gRPC on loopback.
+
+A local Ray cluster (conftest ``ray_cluster``), tiny random models, the router in this process
+(``RouterThread``) with the actors' handles. The router runs with two micro-batch lanes from 2
+requests on and pre-drafting on, so the pipelined paths are the ones under test. Outputs are
+compared with the single-process engine (and plain transformers greedy decoding).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from specdec.params import SamplingParams
+from specdec.rpc import generate_pb2, worker_pb2, worker_pb2_grpc
+from specdec.rpc.client import SpecdecClient, build_request
+from specdec.scheduler import KPolicy
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_LEN = 1024
+SLOTS = 8
+PROMPTS = ["def fib(n):", "hello world, ", "The quick brown fox", "import numpy as np\n", "abcabcabc", "x = 1\ny ="]
+
+
+# ---- fixtures ----------------------------------------------------------------------------------
+
+
+def _worker_config(path) -> dict:
+    return {"model": str(path), "dtype": "float32", "num_slots": SLOTS, "max_len": MAX_LEN, "threads": 1}
+
+
+class Service:
+    def __init__(self, router, target, draft, paths):
+        self.router, self.target, self.draft, self.paths = router, target, draft, paths
+        self.client = SpecdecClient(router.address)
+        self.stub = self.client.stub
+
+    def worker_info(self, role: str) -> worker_pb2.WorkerInfo:
+        import ray
+
+        handle = self.target if role == "target" else self.draft
+        address = ray.get(handle.address.remote(), timeout=120)
+        stub_cls = worker_pb2_grpc.TargetServiceStub if role == "target" else worker_pb2_grpc.DraftServiceStub
+        with grpc.insecure_channel(address) as ch:
+            return stub_cls(ch).Info(worker_pb2.InfoRequest(), timeout=10)
+
+    def wait_slots_free(self, timeout: float = 20.0) -> None:
+        t_end = time.monotonic() + timeout
+        while True:
+            free = {r: self.worker_info(r).free_slots for r in ("target", "draft")}
+            if free == {"target": SLOTS, "draft": SLOTS}:
+                return
+            assert time.monotonic() < t_end, f"slots not freed: {free}"
+            time.sleep(0.1)
+
+    def metric(self, name: str, labels: dict | None = None) -> float:
+        return self.router.metrics.sample(name, labels) or 0.0
+
+
+@pytest.fixture(scope="module")
+def service(ray_cluster, actor_reaper, tiny_paths):
+    from draft_worker.actor import spawn_draft_worker
+    from router.config import RouterConfig
+    from router.server import RouterThread, TargetBinding
+    from router.workers import ActorEndpoint
+    from target_worker.actor import spawn_target_worker
+
+    target = spawn_target_worker(_worker_config(tiny_paths["llama"]))
+    draft = spawn_draft_worker(_worker_config(tiny_paths["llama-draft"]))
+    actor_reaper.extend([target, draft])
+    config = RouterConfig(port=0, metrics_port=0, k_policy=KPolicy(k=3, adaptive=True, k_min=1, k_max=6),
+                          micro_batches=2, split_min_batch=2, predraft=True, draft_deadline_s=5.0,
+                          recovery_timeout_s=120.0, default_max_tokens=64)
+    binding = TargetBinding("tiny-llama", ActorEndpoint(target, "target-0"), ActorEndpoint(draft, "draft-0"),
+                            "tiny-llama-draft", tokenizer=str(tiny_paths["llama"]))
+    router = RouterThread([binding], config).start(connect_timeout=300)
+    svc = Service(router, target, draft, tiny_paths)
+    try:
+        yield svc
+    finally:
+        svc.client.close()
+        router.stop(grace=0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_paths):
+    """The single-process engine with the same models. One torch thread: the workers' processes
+    share the two cores, and a 2-thread OpenMP team next to them runs many times slower."""
+    import torch
+
+    from specdec.build import build_engine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    eng, parts = build_engine(str(tiny_paths["llama"]), str(tiny_paths["llama-draft"]), dtype="float32",
+                              num_slots=16, max_len=MAX_LEN, k_policy=KPolicy(k=3))
+    try:
+        yield eng, parts
+    finally:
+        torch.set_num_threads(threads)
+
+
+def ref(engine, prompt_ids: list[int], params: SamplingParams):
+    eng, _ = engine
+    (res,) = eng.generate([list(prompt_ids)], params)
+    return res
+
+
+def refs(engine, prompts: list[list[int]], params: list[SamplingParams]):
+    """Several references in one engine batch (the engine is batch-invariant for greedy and seeded)."""
+    eng, _ = engine
+    return eng.generate([list(p) for p in prompts], list(params))
+
+
+def encode(engine, text: str) -> list[int]:
+    return list(engine[1].target.tokenizer(text)["input_ids"])
+
+
+# ---- layering ----------------------------------------------------------------------------------
+
+
+def test_router_and_client_do_not_import_torch_ray_or_workers():
+    code = ("import sys\n"
+            "import router.server, router.scheduler, router.service, router.bench_serve, router.workers\n"
+            "import specdec.rpc.client, cluster.config\n"
+            "bad = [m for m in ('torch', 'ray', 'transformers', 'draft_worker', 'target_worker') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# ---- correctness -------------------------------------------------------------------------------
+
+
+def test_greedy_equals_engine_and_transformers(service, engine, tiny_paths):
+    from tests.conftest import load_hf
+
+    import torch
+
+    prompt = encode(engine, "def fib(n):")
+    n = 24
+    out = service.client.generate(prompt_token_ids=prompt, max_tokens=n, ignore_eos=True, timeout=60)
+    expected = ref(engine, prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+    assert out.token_ids == expected.token_ids and out.text == expected.text
+    assert out.finish_reason == "length" and out.usage == {"prompt_tokens": len(prompt), "completion_tokens": n}
+    assert out.stats["drafted"] > 0  # it speculated (the tiny draft is often wrong: correctness is the point)
+
+    model = load_hf(tiny_paths["llama"])
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert out.token_ids == ids[0, len(prompt):].tolist()
+
+    # a text prompt is tokenized by the target worker exactly as the engine's tokenizer does
+    by_text = service.client.generate("def fib(n):", max_tokens=n, ignore_eos=True, timeout=60)
+    assert by_text.token_ids == out.token_ids and by_text.usage["prompt_tokens"] == len(prompt)
+
+
+def _mixed_requests(engine) -> list[tuple[dict, SamplingParams | None]]:
+    """16 requests: greedy in every speculation mode and k, seeded (invariant) sampling, stops,
+    and unseeded sampling (checked for shape only)."""
+    base = [encode(engine, p) for p in PROMPTS]
+    greedy_ref = ref(engine, base[0], SamplingParams(max_tokens=40, ignore_eos=True))
+    text = greedy_ref.text
+    stop_str = text[len(text) // 3: len(text) // 3 + 2]
+    assert len(stop_str) == 2
+    stop_tok = greedy_ref.token_ids[12]
+    reqs: list[tuple[dict, SamplingParams | None]] = []
+    for i, mode in enumerate(["auto", "draft", "ngram", "off", "draft", "auto"]):
+        reqs.append((dict(prompt_token_ids=base[i], max_tokens=30 + i, ignore_eos=True, mode=mode, k=[0, 2, 3, 0, 5, 1][i]),
+                     SamplingParams(max_tokens=30 + i, ignore_eos=True)))
+    for i, seed in enumerate([1, 7, 42, 2**63 + 5]):
+        kw = dict(temperature=0.8, top_p=0.9, top_k=[0, 20, 0, 50][i], seed=seed)
+        reqs.append((dict(prompt_token_ids=base[i + 1], max_tokens=25, ignore_eos=True,
+                          mode=["draft", "ngram", "auto", "off"][i], **kw),
+                     SamplingParams(max_tokens=25, ignore_eos=True, **kw)))
+    reqs.append((dict(prompt_token_ids=base[0], max_tokens=40, ignore_eos=True, stop=[stop_str]),
+                 SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop_str,))))
+    reqs.append((dict(prompt_token_ids=base[0], max_tokens=40, ignore_eos=True, stop_token_ids=[stop_tok]),
+                 SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(stop_tok,))))
+    reqs.append((dict(prompt_token_ids=base[2], max_tokens=40, mode="draft"),  # EOS may stop it
+                 SamplingParams(max_tokens=40)))
+    for i in range(3):  # unseeded sampling (rejection): the target's distribution, not comparable
+        reqs.append((dict(prompt_token_ids=base[3 + i], max_tokens=20, temperature=1.0, ignore_eos=True,
+                          mode=["draft", "ngram", "auto"][i]), None))
+    assert len(reqs) == 16
+    return reqs
+
+
+def test_16_concurrent_streams_with_mixed_parameters(service, engine):
+    reqs = _mixed_requests(engine)
+    results: list = [None] * len(reqs)
+
+    def run(i: int) -> None:
+        kw, _ = reqs[i]
+        chunks = list(service.client.generate_stream(timeout=120, request_id=f"mix-{i}", **kw))
+        results[i] = chunks
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    compared = [i for i, (_, p) in enumerate(reqs) if p is not None]
+    expected_by_index = dict(zip(compared, refs(engine, [reqs[i][0]["prompt_token_ids"] for i in compared],
+                                                [reqs[i][1] for i in compared])))
+    for i, ((kw, params), chunks) in enumerate(zip(reqs, results)):
+        assert chunks, f"request {i} got nothing"
+        last = chunks[-1]
+        assert last.finish_reason in ("stop", "length") and all(c.finish_reason is None for c in chunks[:-1])
+        assert all(c.request_id == f"mix-{i}" for c in chunks)
+        tokens = [t for c in chunks for t in c.token_ids]
+        text = "".join(c.text for c in chunks)
+        assert last.usage["completion_tokens"] == len(tokens) <= kw["max_tokens"]
+        if params is None:
+            assert len(tokens) == kw["max_tokens"]
+            continue
+        expected = expected_by_index[i]
+        assert tokens == expected.token_ids, f"request {i} ({kw}) differs from the engine"
+        assert text == expected.text and last.finish_reason == expected.finish_reason, i
+    assert service.metric("specdec_round_batch_size_count") > 0
+    assert service.metric("specdec_round_batch_size_sum") > service.metric("specdec_round_batch_size_count")
+    service.wait_slots_free()
+
+
+def test_list_models_health_and_metrics(service):
+    models = service.client.list_models()
+    assert [(m["name"], m["role"], m["ready"]) for m in models] == [
+        ("tiny-llama", "target", True), ("tiny-llama-draft", "draft", True)]
+    assert models[0]["max_context"] == MAX_LEN and models[0]["dtype"] == "float32"
+    assert service.client.health() == "SERVING"
+    assert service.client.health("specdec.v1.Generation") == "SERVING"
+    port = service.router.router.metrics_port
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for series in ("specdec_requests_total", "specdec_generated_tokens_total", "specdec_time_to_first_token_seconds",
+                   "specdec_time_per_output_token_seconds", "specdec_queue_depth", "specdec_rounds_total",
+                   "specdec_drafted_tokens_total", "specdec_accepted_tokens_total",
+                   "specdec_accepted_tokens_by_position_total", "specdec_acceptance_rate",
+                   "specdec_round_phase_seconds", "specdec_fail_open_rounds_total", "specdec_worker_up"):
+        assert series in text, series
+    assert 'phase="draft_wait"' in text and 'phase="verify"' in text
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+BAD = [
+    (dict(prompt=""), "prompt"),
+    (dict(prompt="x", prompt_token_ids=[1, 2]), "prompt"),
+    (dict(prompt_token_ids=[1] * MAX_LEN), "prompt"),
+    (dict(prompt="x", max_tokens=-1), "max_tokens"),
+    (dict(prompt="x", max_tokens=MAX_LEN), "max_tokens"),
+    (dict(prompt="x", temperature=-0.5), "temperature"),
+    (dict(prompt="x", top_p=0.0), "top_p"),
+    (dict(prompt="x", top_p=1.5), "top_p"),
+    (dict(prompt="x", top_k=-1), "top_k"),
+    (dict(prompt_token_ids=[1, 100000]), "prompt_token_ids"),
+    (dict(prompt_token_ids=[-3]), "prompt_token_ids"),
+    (dict(prompt="x", stop_token_ids=[99999]), "stop_token_ids"),
+    (dict(prompt="x", model="no-such-model"), "model"),
+    (dict(prompt="x", k=-2), "speculation.k"),
+    (dict(prompt="x", temperature=0.5, verify_mode="invariant"), "speculation.verify_mode"),
+]
+
+
+@pytest.mark.parametrize("kwargs,field", BAD, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD)])
+def test_bad_input_is_invalid_argument_naming_the_field(service, kwargs, field):
+    with pytest.raises(grpc.RpcError) as err:
+        service.client.generate(timeout=30, **kwargs)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(field + ":"), err.value.details()
+
+
+def test_unknown_enum_values_are_invalid_argument(service):
+    for spec, field in ((dict(mode=17), "speculation.mode"), (dict(verify_mode=9), "speculation.verify_mode")):
+        req = generate_pb2.GenerateRequest(prompt="x", speculation=generate_pb2.SpeculationOptions(**spec))
+        with pytest.raises(grpc.RpcError) as err:
+            service.stub.Generate(req, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith(field + ":"), err.value.details()
+    # and the service keeps serving
+    assert service.client.generate("ok", max_tokens=3, timeout=30).usage["completion_tokens"] >= 1
+
+
+def test_deadline_and_cancel_free_the_slots_on_both_workers(service):
+    before = service.metric("specdec_requests_total", {"outcome": "deadline_exceeded"})
+    with pytest.raises(grpc.RpcError) as err:
+        service.client.generate("long", max_tokens=900, ignore_eos=True, mode="draft", timeout=0.4)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    service.wait_slots_free()
+    t_end = time.monotonic() + 10
+    while service.metric("specdec_requests_total", {"outcome": "deadline_exceeded"}) <= before:
+        assert time.monotonic() < t_end
+        time.sleep(0.05)
+
+    before = service.metric("specdec_requests_total", {"outcome": "cancelled"})
+    call = service.stub.GenerateStream(build_request("long", max_tokens=900, ignore_eos=True, mode="draft"), timeout=60)
+    got = [next(call), next(call)]
+    assert all(c.token_ids for c in got)
+    assert service.worker_info("target").free_slots < SLOTS  # it holds a slot while running
+    call.cancel()
+    service.wait_slots_free()
+    t_end = time.monotonic() + 10
+    while service.metric("specdec_requests_total", {"outcome": "cancelled"}) <= before:
+        assert time.monotonic() < t_end
+        time.sleep(0.05)
+
+
+def test_full_queue_is_resource_exhausted_and_others_keep_going(service, tiny_paths):
+    from router.config import RouterConfig
+    from router.server import RouterThread, TargetBinding
+    from router.workers import ActorEndpoint
+
+    binding = TargetBinding("tiny-llama", ActorEndpoint(service.target), ActorEndpoint(service.draft),
+                            tokenizer=str(tiny_paths["llama"]))
+    small = RouterThread([binding], RouterConfig(port=0, metrics_port=None, max_batch=1, max_queue=1)).start(60)
+    try:
+        client = SpecdecClient(small.address)
+        long = dict(max_tokens=900, ignore_eos=True)
+        running = client.stub.GenerateStream(build_request("a", **long), timeout=60)
+        next(running)  # admitted and decoding
+        queued = client.stub.GenerateStream(build_request("b", **long), timeout=60)
+        t_end = time.monotonic() + 10
+        while small.metrics.sample("specdec_queue_depth") != 1:
+            assert time.monotonic() < t_end
+            time.sleep(0.02)
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate("c", max_tokens=5, timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "queue is full" in err.value.details()
+        # the main service is not affected
+        assert service.client.generate("d", max_tokens=5, timeout=30).usage["completion_tokens"] >= 1
+        running.cancel()
+        first = next(queued)  # the queued one is admitted once the slot is free
+        assert first.token_ids
+        queued.cancel()
+        client.close()
+    finally:
+        small.stop(grace=0)
+    service.wait_slots_free()
+
+
+def test_no_target_worker_is_unavailable(tiny_paths):
+    """A target that is gone and does not come back: requests get UNAVAILABLE, not a hang."""
+    from router.config import RouterConfig
+    from router.server import RouterThread, TargetBinding
+    from router.workers import StaticEndpoint
+    from target_worker.actor import TargetWorker
+
+    worker = TargetWorker({"model": str(tiny_paths["llama"]), "num_slots": 2, "max_len": 256, "threads": 1})
+    binding = TargetBinding("t", StaticEndpoint(worker.address()), tokenizer=str(tiny_paths["llama"]))
+    router = RouterThread([binding], RouterConfig(port=0, metrics_port=None, recovery_timeout_s=1.0)).start(60)
+    try:
+        client = SpecdecClient(router.address)
+        assert client.generate("x", max_tokens=3, timeout=30).usage["completion_tokens"] == 3
+        worker.shutdown(grace=0)
+        for kwargs in (dict(prompt_token_ids=[1, 2, 3]), dict(prompt="abc")):
+            with pytest.raises(grpc.RpcError) as err:
+                client.generate(max_tokens=3, timeout=30, **kwargs)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+        assert client.list_models()[0]["ready"] is False
+        client.close()
+    finally:
+        router.stop(grace=0)
+
+
+# ---- failures of the workers -------------------------------------------------------------------
+
+
+def _stream_in_thread(client: SpecdecClient, **kwargs):
+    out: dict = {"chunks": []}
+    started = threading.Event()
+
+    def run():
+        try:
+            for c in client.generate_stream(timeout=240, **kwargs):
+                out["chunks"].append(c)
+                started.set()
+        except grpc.RpcError as exc:
+            out["error"] = exc
+        started.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    started.wait(60)
+    return t, out
+
+
+def test_killing_the_draft_worker_fails_open_then_speculation_resumes(service, engine, wait_for_restart):
+    import ray
+
+    prompt = encode(engine, "abcabcabc")
+    params = SamplingParams(max_tokens=700, ignore_eos=True)
+    expected = ref(engine, prompt, params)
+    old_pid = ray.get(service.draft.pid.remote(), timeout=30)
+    fail_open_before = service.metric("specdec_fail_open_rounds_total", {"reason": "unavailable"})
+    t, out = _stream_in_thread(service.client, prompt_token_ids=prompt, max_tokens=700, ignore_eos=True, mode="draft")
+    ray.kill(service.draft, no_restart=False)
+    t.join(240)
+    assert "error" not in out, out.get("error")
+    chunks = out["chunks"]
+    assert [x for c in chunks for x in c.token_ids] == expected.token_ids  # identical output
+    stats = chunks[-1].stats
+    assert stats["fail_open_rounds"] > 0 and stats["drafted"] > 0
+    assert service.metric("specdec_fail_open_rounds_total", {"reason": "unavailable"}) > fail_open_before
+
+    # the restarted drafter (a new process on a new port) is found again and used
+    wait_for_restart(service.draft, old_pid)
+    t_end = time.monotonic() + 60
+    while service.metric("specdec_worker_up", {"role": "draft", "worker": "draft-0"}) != 1:
+        assert time.monotonic() < t_end, "the router did not find the restarted draft worker"
+        time.sleep(0.1)
+    drafted_before = service.metric("specdec_drafted_tokens_total")
+    again = service.client.generate(prompt_token_ids=prompt, max_tokens=40, ignore_eos=True, mode="draft", timeout=60)
+    assert again.stats["drafted"] > 0 and again.stats["fail_open_rounds"] == 0
+    assert again.token_ids == expected.token_ids[:40]
+    assert service.metric("specdec_drafted_tokens_total") > drafted_before
+    assert service.metric("specdec_worker_restarts_total", {"role": "draft"}) >= 1
+    service.wait_slots_free()
+
+
+def test_killing_the_target_worker_replays_and_completes_unchanged(service, engine, wait_for_restart):
+    import ray
+
+    prompt = encode(engine, "The quick brown fox")
+    params = SamplingParams(max_tokens=600, ignore_eos=True, temperature=0.9, seed=99)
+    expected = ref(engine, prompt, params)
+    old_pid = ray.get(service.target.pid.remote(), timeout=30)
+    t, out = _stream_in_thread(service.client, prompt_token_ids=prompt, max_tokens=600, ignore_eos=True,
+                               temperature=0.9, seed=99)
+    ray.kill(service.target, no_restart=False)
+    t.join(240)
+    assert "error" not in out, out.get("error")
+    tokens = [x for c in out["chunks"] for x in c.token_ids]
+    assert tokens == expected.token_ids  # seeded (invariant): unchanged across the failover
+    assert wait_for_restart(service.target, old_pid) != old_pid
+    assert service.metric("specdec_worker_restarts_total", {"role": "target"}) >= 1
+    service.wait_slots_free()
+
+
+# ---- the benchmark driver ----------------------------------------------------------------------
+
+
+def test_bench_serve_drives_the_service(service, engine):
+    from router.bench_serve import BenchOptions, bench_serve, format_table
+    from specdec.prompts import Prompt
+
+    prompts = [Prompt(f"p{i}", p, False) for i, p in enumerate(PROMPTS[:3])]
+
+    class Engine:  # the single-process engine, interleaved at c=1 (the CLI passes the real one)
+        config = {"engine": "tiny"}
+
+        def one(self, prompt, max_tokens):
+            t0 = time.perf_counter()
+            res = ref(engine, encode(engine, prompt.text), SamplingParams(max_tokens=max_tokens))
+            t1 = time.perf_counter()
+            return {"id": prompt.id, "mode": "engine", "tokens": len(res.token_ids), "t_start": t0, "t_first": t1,
+                    "t_last": t1, "t_end": t1, "stats": res.stats.as_dict(), "finish_reason": res.finish_reason,
+                    "token_ids": res.token_ids, "error": None}
+
+    options = BenchOptions(max_tokens=12, concurrency=(1, 2), rates=(20.0,), requests=3, modes=("auto", "off"),
+                           metrics_url=f"http://127.0.0.1:{service.router.router.metrics_port}/metrics")
+    result = bench_serve(service.router.address, prompts, options, engine=Engine(),
+                         encode=lambda p: encode(engine, p.text))
+    rows = {(r["scenario"], r["mode"]): r["summary"] for r in result["results"]}
+    assert set(rows) == {("closed c=1", "auto"), ("closed c=1", "off"), ("closed c=1", "engine"),
+                         ("closed c=2", "auto"), ("closed c=2", "off"), ("poisson 20.0/s", "auto"),
+                         ("poisson 20.0/s", "off")}
+    for key, s in rows.items():
+        assert s["errors"] == 0 and s["requests"] == 3 and s["tokens"] > 0 and s["throughput_tok_s"] > 0, key
+        assert s["ttft_ms_p50"] is not None and s["ttft_ms_p99"] >= s["ttft_ms_p50"], key
+    assert rows[("closed c=1", "auto")]["agreement_with_engine"] == 1.0  # greedy: the same tokens
+    assert rows[("closed c=1", "off")]["agreement_with_engine"] == 1.0
+    assert "speedup_vs_off" in rows[("closed c=2", "auto")] and "service_vs_engine" in rows[("closed c=1", "auto")]
+    assert rows[("closed c=2", "auto")]["split"]["rounds"] > 0
+    table = format_table(result)
+    assert "closed c=1" in table and "poisson 20.0/s" in table and "engine" in table
