@@ -19,7 +19,6 @@ Ray and torch are imported lazily, so importing this module is cheap and torch-f
 from __future__ import annotations
 
 import logging
-import sys
 
 from specdec.rpc.serving import WorkerConfig, WorkerHost, actor_options
 
@@ -28,18 +27,6 @@ log = logging.getLogger(__name__)
 DEFAULT_RESOURCES = {"draft_gpu": 1}
 
 __all__ = ["DEFAULT_RESOURCES", "DraftWorker", "spawn_draft_worker"]
-
-
-def _ray_facts() -> dict:
-    """Node IP and restart flag when running inside a Ray actor; {} otherwise."""
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return {}
-    ctx = ray.get_runtime_context()
-    facts = {"node_ip": ray.util.get_node_ip_address()}
-    if ctx.get_actor_id() is not None:
-        facts["restarted"] = bool(ctx.was_current_actor_reconstructed)
-    return facts
 
 
 class DraftWorker(WorkerHost):
@@ -53,14 +40,8 @@ class DraftWorker(WorkerHost):
 
         cfg = WorkerConfig.from_dict(config)
         self.servicer = build_draft_servicer(cfg)
-        self.facts = _ray_facts()
         super().__init__(cfg, [(worker_pb2_grpc.add_DraftServiceServicer_to_server, self.servicer, SERVICE_NAME)],
-                         self.servicer, node_ip=self.facts.get("node_ip"))
-        log.info("draft worker %s serving on %s%s", cfg.model, self.address(),
-                 " (restarted)" if self.facts.get("restarted") else "")
-
-    def info(self) -> dict:
-        return {**super().info(), **self.facts}
+                         self.servicer)
 
 
 def spawn_draft_worker(config: dict | WorkerConfig, placement: dict | None = None, name: str | None = None,

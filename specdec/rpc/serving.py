@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import threading
+import sys
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -481,21 +482,38 @@ def advertised_host(config: WorkerConfig, node_ip: str | None = None) -> str:
         return "127.0.0.1"
 
 
+def ray_facts() -> dict:
+    """Node IP and restart flag when running inside a Ray actor; {} otherwise (ray is not imported)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return {}
+    ctx = ray.get_runtime_context()
+    facts = {"node_ip": ray.util.get_node_ip_address()}
+    if ctx.get_actor_id() is not None:
+        facts["restarted"] = bool(ctx.was_current_actor_reconstructed)
+    return facts
+
+
 class WorkerHost:
     """A servicer served on its own gRPC server: what the worker actors and entry points share.
 
     ``info_source`` is the servicer (its ``info_dict()`` describes the model and capacity).
     """
 
+    role = "worker"
+
     def __init__(self, config: WorkerConfig, register: Sequence[Registration], info_source: Any,
                  node_ip: str | None = None):
         self.config = config
         self.info_source = info_source
+        self.facts = ray_facts()
         self.server, self.port = start_server(register, host=config.host, port=config.port,
                                               max_workers=config.grpc_threads)
-        self.host = advertised_host(config, node_ip)
+        self.host = advertised_host(config, node_ip or self.facts.get("node_ip"))
         self.started_at = time.time()
         self.draining = False
+        log.info("%s worker %s serving on %s%s", self.role, config.model, self.address(),
+                 " (restarted)" if self.facts.get("restarted") else "")
 
     def address(self) -> str:
         """'host:port' of the gRPC server (a restarted actor has a new one when port is 0)."""
@@ -506,7 +524,7 @@ class WorkerHost:
 
     def info(self) -> dict:
         return {**self.info_source.info_dict(), "address": self.address(), "pid": os.getpid(),
-                "started_at": self.started_at, "draining": self.draining}
+                "started_at": self.started_at, "draining": self.draining, **self.facts}
 
     def drain(self) -> None:
         """Report NOT_SERVING (routers stop sending new work); RPCs are still answered."""
