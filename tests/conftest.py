@@ -18,6 +18,26 @@ torch.set_num_threads(1)
 SMOLLM = "smollm2-135m-instruct"
 
 
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """Tests may change torch's thread count; the next test starts from the session's one thread."""
+    yield
+    torch.set_num_threads(1)
+
+
+def chi2_pvalue(samples, probs) -> float:
+    """Chi-square goodness of fit of integer samples to `probs` (outcomes of probability zero must not occur)."""
+    import numpy as np
+    from scipy import stats
+
+    probs = np.asarray(probs, dtype=np.float64)
+    obs = np.bincount(np.asarray(samples), minlength=len(probs)).astype(np.float64)
+    support = probs > 0
+    assert obs[~support].sum() == 0, "sampled an outcome of probability zero"
+    exp = probs[support] / probs[support].sum() * obs.sum()
+    return float(stats.chisquare(obs[support], exp).pvalue)
+
+
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory):
     """{'llama': path, 'qwen2': path, 'llama-draft': path} of tiny random models."""

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from specdec import sampling
+from tests.conftest import chi2_pvalue
 from specdec.sampling import (
     InvalidParams,
     SamplingParams,
@@ -28,27 +29,6 @@ from specdec.sampling import (
 )
 
 CHI2_ALPHA = 1e-3
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors: with 2 cores shared with other processes, ops that open an OpenMP parallel
-    region (softmax over a [2, 8] tensor) can stall for a scheduler slice (~10 ms) instead of
-    taking microseconds.  Pin torch to one thread for these tests and restore it afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def chi2_pvalue(samples: np.ndarray | list[int], probs: np.ndarray) -> float:
-    """Chi-square goodness-of-fit p-value of integer samples against a distribution."""
-    probs = np.asarray(probs, dtype=np.float64)
-    obs = np.bincount(np.asarray(samples), minlength=len(probs)).astype(np.float64)
-    support = probs > 0
-    assert obs[~support].sum() == 0, "sampled a token of probability zero"
-    exp = probs[support] / probs[support].sum() * obs.sum()
-    return float(stats.chisquare(obs[support], exp).pvalue)
 
 
 # ------------------------------------------------------------------------------------------
