@@ -36,7 +36,7 @@ test: dev
 bench: dev
 	$(BIN)/specdec models prepare $(TARGET) $(DRAFT)
 	$(BIN)/specdec bench generate --target $(TARGET) --draft $(DRAFT) --dtype bfloat16 \
-		--prompts humaneval:8 --max-tokens 128 --budget-s 720 --json bench/out/generate.json
+		--prompts humaneval:8 --max-tokens 128 --budget-s 660 --json bench/out/generate.json
 
 clean-venv:
 	rm -rf $(VENV)

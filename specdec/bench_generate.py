@@ -12,7 +12,9 @@ Configurations (``--configs`` takes the family names):
 * ``hf_assisted_k``: assisted generation with a fixed number of draft tokens K
   (``num_assistant_tokens=K``, schedule ``constant``, confidence stop off): ``hf_assisted_k{K}``.
 * ``specdec_target``: SpecEngine with no drafter (k = 0): plain decoding on our stack.
-* ``specdec_draft_k``: SpecEngine with the draft model, fixed k: ``specdec_draft_k{K}``.
+* ``specdec_draft_k``: SpecEngine with the draft model, fixed k: ``specdec_draft_k{K}``. The draft
+  runs as ``specdec generate`` runs it (:class:`specdec.build.DraftOptions`: int8 weights and a
+  frequency-ranked vocabulary subset by default); transformers gets the draft model as loaded.
 * ``specdec_draft_adaptive``: SpecEngine with the draft model, ``KPolicy(adaptive=True)``.
 * ``specdec_ngram``: SpecEngine with the n-gram (prompt-lookup) drafter.
 
@@ -437,28 +439,43 @@ def _decode_step_ms(runner: ModelRunner, slot: int, context: list[int]) -> float
     return ms
 
 
-def measure_step_costs(target: LoadedModel, draft: LoadedModel | None, context: list[int],
-                       repeat: int = 5, draft_options: DraftOptions | None = None) -> dict | None:
+def measure_step_costs(target_runner: ModelRunner, draft_runner: ModelRunner, context: list[int],
+                       repeat: int = 5) -> dict:
     """Single-token decode step of the target and of the draft on the runner, alternating, at one context.
 
     The model-only cost ratio c (no drafter bookkeeping), next to the c measured inside the run.
     """
-    if draft is None or repeat < 1:
-        return None
-    runners = {"target": ModelRunner(target.model, num_slots=1, max_len=len(context) + 2),
-               "draft": make_model_drafter(draft, 1, len(context) + 2, draft_options).runner}
-    slots = {}
-    for name, runner in runners.items():
-        slots[name] = runner.alloc_slot()
-        runner.forward([slots[name]], [context], num_logits=0)
-        _decode_step_ms(runner, slots[name], context)  # warm
-    times = {name: [] for name in runners}
-    for _ in range(repeat):
+    runners = {"target": target_runner, "draft": draft_runner}
+    slots = {name: runner.alloc_slot() for name, runner in runners.items()}
+    try:
         for name, runner in runners.items():
-            times[name].append(_decode_step_ms(runner, slots[name], context))
+            runner.forward([slots[name]], [context], num_logits=0)
+            _decode_step_ms(runner, slots[name], context)  # warm
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(repeat):
+            for name, runner in runners.items():
+                times[name].append(_decode_step_ms(runner, slots[name], context))
+    finally:
+        for name, runner in runners.items():
+            runner.free_slot(slots[name])
     target_ms, draft_ms = statistics.median(times["target"]), statistics.median(times["draft"])
     return {"context_tokens": len(context), "repeat": repeat, "target_step_ms": _r(target_ms, 2),
             "draft_step_ms": _r(draft_ms, 2), "c": _r(draft_ms / target_ms)}
+
+
+def _step_costs(configs: dict, target: LoadedModel, draft: LoadedModel | None, context: list[int],
+                options: BenchOptions) -> dict | None:
+    """measure_step_costs on the runners the run used (built here when no specdec configuration had them)."""
+    if draft is None or options.step_repeat < 1:
+        return None
+    spec = [c for c in configs.values() if isinstance(c, SpecConfig)]
+    target_runner = spec[0].engine.target if spec else ModelRunner(target.model, 1, len(context) + 2)
+    draft_runner = next((c.timer.inner.runner for c in spec
+                         if c.timer is not None and isinstance(c.timer.inner, ModelDrafter)), None)
+    if draft_runner is None:
+        draft_runner = make_model_drafter(draft, 1, len(context) + 2, options.draft_options).runner
+    log.info("runner decode steps: target and draft, alternating")
+    return measure_step_costs(target_runner, draft_runner, context, options.step_repeat)
 
 
 def _rotated(names: list[str], i: int) -> list[str]:
@@ -508,10 +525,7 @@ def run_benchmark(target: str | LoadedModel, draft: str | LoadedModel | None, pr
         done += 1
     wall_s = time.perf_counter() - started
     summary = summarize(runs, names)
-    if options.step_repeat:
-        log.info("runner decode steps: target and draft, alternating")
-        summary["runner_steps"] = measure_step_costs(target_m, draft_m, encoded[0], options.step_repeat,
-                                                     options.draft_options)
+    summary["runner_steps"] = _step_costs(configs, target_m, draft_m, encoded[0], options)
     return {
         "meta": _meta(options, target_m, draft_m, prompts, prompt_list, encoded, done, total, date, load_s, wall_s),
         "configs": names,
