@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from router.config import RouterConfig
-from specdec.rpc.serving import WorkerConfig
+from specdec.rpc.serving import WorkerConfig, strict_from_dict
 
 __all__ = ["PoolConfig", "RayConfig", "ServeConfig", "load_config", "DEFAULT_CONFIG", "default_threads"]
 
@@ -109,12 +109,7 @@ class RayConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> RayConfig:
-        d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"ray: unknown keys {unknown} (known: {sorted(known)})")
-        return cls(**d)
+        return strict_from_dict(cls, d, "ray")
 
 
 @dataclass

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.rpc.serving import strict_from_dict
 from specdec.scheduler import KPolicy
 
 __all__ = ["RouterConfig", "SPEC_MODES", "kpolicy_from_dict"]
@@ -22,11 +23,7 @@ def kpolicy_from_dict(d: dict | KPolicy | None) -> KPolicy:
         return KPolicy(k=4, adaptive=True, k_min=1, k_max=8)
     if isinstance(d, KPolicy):
         return d
-    known = {f.name for f in dataclasses.fields(KPolicy)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ValueError(f"k_policy: unknown keys {unknown} (known: {sorted(known)})")
-    return KPolicy(**d)
+    return strict_from_dict(KPolicy, d, "k_policy")
 
 
 @dataclass
@@ -106,12 +103,7 @@ class RouterConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> RouterConfig:
-        d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"router config: unknown keys {unknown} (known: {sorted(known)})")
-        return cls(**d)
+        return strict_from_dict(cls, d, "router config")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -367,13 +367,9 @@ class WorkerConfig:
     def from_dict(cls, config: dict | WorkerConfig) -> WorkerConfig:
         if isinstance(config, WorkerConfig):
             return config
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise ValueError(f"worker config: unknown keys {unknown} (known: {sorted(known)})")
         if "model" not in config:
             raise ValueError("worker config: 'model' is required")
-        return cls(**config)
+        return strict_from_dict(cls, config, "worker config")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -535,3 +531,33 @@ class WorkerHost:
         """Stop the gRPC server (in-flight RPCs get ``grace`` seconds)."""
         self.draining = True
         stop_server(self.server, grace)
+
+
+def strict_from_dict(cls, d: dict[str, Any] | None, section: str):
+    """Build dataclass `cls` from `d`, refusing unknown keys with a message naming the section."""
+    d = dict(d or {})
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"{section}: unknown keys {unknown} (known: {sorted(known)})")
+    return cls(**d)
+
+
+def worker_main(argv: list[str] | None, role: str, description: str, make_worker: Callable[[WorkerConfig], Any]) -> int:
+    """`python -m {role}_worker`: serve one worker without Ray until SIGINT/SIGTERM.
+
+    Prints "{role}_worker serving MODEL on HOST:PORT" once the server is up (scripts wait for it)."""
+    prog = f"{role}_worker"
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
+    add_worker_args(parser, role)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+        worker = make_worker(config)
+    except Exception as exc:  # noqa: BLE001 - a command line: one readable line, no trace
+        print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    print(f"{prog} serving {config.model} on {worker.address()}", flush=True)
+    serve_until_signal(worker.server)
+    return 0
