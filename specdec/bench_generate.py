@@ -379,9 +379,12 @@ def build_configs(names: Sequence[str], target: LoadedModel, draft: LoadedModel 
     (:func:`specdec.build.make_model_drafter`); transformers gets the draft model as loaded.
     """
     target_runner = ModelRunner(target.model, num_slots=1, max_len=max_len)
-    draft_runner = None
+    made = None
     if draft is not None and any(_family(n) in (SPEC_DRAFT_K, SPEC_ADAPTIVE) for n in names):
-        draft_runner = make_model_drafter(draft, 1, max_len, draft_options).runner
+        made = make_model_drafter(draft, 1, max_len, draft_options)
+
+    def model_drafter() -> TimedDrafter:  # one per configuration, all on the one draft runner
+        return TimedDrafter(ModelDrafter(made.runner, lookup=made.lookup, max_guesses=made.max_guesses))
     configs: dict = {}
     for name in names:
         fam, k = _family(name), _fixed_k(name)
@@ -394,9 +397,9 @@ def build_configs(names: Sequence[str], target: LoadedModel, draft: LoadedModel 
             if fam == SPEC_NGRAM:
                 drafter, policy = TimedDrafter(NgramProposer()), KPolicy(k=ngram_k)
             elif fam == SPEC_DRAFT_K:
-                drafter, policy = TimedDrafter(ModelDrafter(draft_runner)), KPolicy(k=k)
+                drafter, policy = model_drafter(), KPolicy(k=k)
             elif fam == SPEC_ADAPTIVE:
-                drafter, policy = TimedDrafter(ModelDrafter(draft_runner)), KPolicy(adaptive=True)
+                drafter, policy = model_drafter(), KPolicy(adaptive=True)
             engine = SpecEngine(target_runner, target.tokenizer, drafter, k_policy=policy,
                                 eos_token_ids=target.eos_token_ids)
             configs[name] = SpecConfig(name, engine, drafter, k)

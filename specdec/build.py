@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from specdec.drafters import Drafter, ModelDrafter, NgramProposer, NoDrafter
 from specdec.engine import KPolicy, SpecEngine
 from specdec.models import LoadedModel, load_model
+from specdec.ngram import NgramDrafter
 from specdec.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class DraftOptions:
     quant: str | None = "int8"  # weight-only int8 on CPU
     vocab: int | None = 32768  # lm_head over the first N ids (BPE ids are ranked by merge order,
     #                            i.e. by frequency) plus every special token; None = full vocabulary
+    lookup: bool = True  # the draft model also checks prompt-lookup guesses (ModelDrafter's lookup)
 
 
 def frequency_ranked_vocab(tokenizer, n: int) -> list[int]:
@@ -56,7 +58,8 @@ def make_model_drafter(draft: LoadedModel, num_slots: int, max_len: int,
         vocab = frequency_ranked_vocab(draft.tokenizer, options.vocab)
     runner = ModelRunner(draft.model, num_slots=num_slots, max_len=max_len,
                          weight_quant=options.quant, vocab_subset=vocab)
-    return ModelDrafter(runner)
+    # Lookup guesses need a match of two tokens or more: a one-token match is mostly noise.
+    return ModelDrafter(runner, lookup=NgramDrafter(min_ngram=2) if options.lookup else None)
 
 
 def make_drafter(spec: str | None, target: LoadedModel, dtype: str, device: str,

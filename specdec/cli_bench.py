@@ -58,6 +58,8 @@ def _bench_generate(args: argparse.Namespace) -> int:
         draft_options.quant = None if args.draft_quant == "none" else args.draft_quant
     if args.draft_vocab is not None:
         draft_options.vocab = args.draft_vocab or None
+    if args.draft_lookup is not None:
+        draft_options.lookup = args.draft_lookup == "on"
     options = BenchOptions(max_tokens=args.max_tokens, dtype=args.dtype, repeat=args.repeat, k=args.k,
                            hf_k=args.hf_k, k_sweep=args.k_sweep, configs=args.configs, threads=args.threads,
                            warmup=not args.no_warmup, budget_s=args.budget_s, draft_options=draft_options)
@@ -111,6 +113,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="specdec's draft lm_head over the N most frequent ids, 0 = full vocabulary "
                         "(default: as specdec generate)")
+    p.add_argument("--draft-lookup", choices=["on", "off"], default=None,
+                   help="the draft model also checks prompt-lookup guesses (default: as specdec generate)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop starting prompts when the next one would end past this many seconds")

@@ -49,7 +49,8 @@ def _run_local(args: argparse.Namespace) -> dict:
                                  max_len=args.max_context,
                                  k_policy=KPolicy(k=args.k, adaptive=args.adaptive_k),
                                  verify_mode=args.verify,
-                                 draft_options=DraftOptions(quant=args.draft_quant, vocab=args.draft_vocab or None))
+                                 draft_options=DraftOptions(quant=args.draft_quant, vocab=args.draft_vocab or None,
+                                                            lookup=args.draft_lookup == "on"))
     load_s = time.perf_counter() - t0
     prompt = encode_prompt(parts.target.tokenizer, args.prompt, args.chat)
     t0 = time.perf_counter()
@@ -103,6 +104,8 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
                    help="weight-only int8 for the draft model (CPU); the target is never changed")
     p.add_argument("--draft-vocab", type=int, default=32768,
                    help="draft lm_head over the N most frequent ids + special tokens (0 = full vocabulary)")
+    p.add_argument("--draft-lookup", choices=["on", "off"], default="on",
+                   help="the draft model also checks prompt-lookup guesses, drafting copied text in one forward")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-context", type=int, default=4096, help="KV-cache length per sequence")

@@ -71,11 +71,20 @@ class ModelDrafter:
     In rejection mode each token is sampled from the draft's top-K truncated, renormalised
     distribution, which is sent along (K ids + K probs) so the verifier uses exactly it.
     In invariant mode the draft uses the same Gumbel noise as the target: argmax(log q + g).
+
+    With `lookup` (greedy and invariant modes, where a draft token is a function of the logits),
+    each forward also feeds up to `max_guesses` prompt-lookup guesses for the next tokens: the
+    draft model checks them at once and keeps the prefix it would have drafted itself, plus its
+    own token where they part. Where the text is a copy, one forward drafts several tokens;
+    elsewhere the round goes on one token per forward.
     """
 
-    def __init__(self, runner: ModelRunner, top_k_sent: int = 16):
+    def __init__(self, runner: ModelRunner, top_k_sent: int = 16, lookup: NgramDrafter | None = None,
+                 max_guesses: int = 3):
         self.runner = runner
         self.top_k_sent = top_k_sent
+        self.lookup = lookup
+        self.max_guesses = max_guesses  # per forward: a few more rows cost little in a memory-bound step
         self.slots = SlotTable(runner)
         self.generators: dict[str, torch.Generator] = {}
 
@@ -104,39 +113,55 @@ class ModelDrafter:
         ids, probs = sparse_topk(logq, self.top_k_sent)
         return sample_sparse(ids, probs, self.generators[inp.request_id]), (ids, probs)
 
+    def _guesses(self, inp: DraftInput, draft: Draft, limit: int) -> list[int]:
+        """Prompt-lookup tokens to feed after the draft so far; all right gives one token more."""
+        n = min(self.max_guesses, limit - len(draft.tokens) - 1)
+        if self.lookup is None or inp.mode is VerifyMode.REJECTION or n <= 0:
+            return []
+        return self.lookup.propose_one(inp.tokens + draft.tokens, n).tokens
+
     def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
         drafts = [Draft(tokens=[], probs=[] if i.mode is VerifyMode.REJECTION else None) for i in inputs]
-        rows, feeds = [], []
+        rows, feeds, guesses, limits = [], [], {}, {}
         busy = {i.request_id for i in inputs}
         for b, inp in enumerate(inputs):
-            room = self.runner.max_len - len(inp.tokens)
-            if inp.k <= 0 or room <= 0:
+            limits[b] = min(inp.k, self.runner.max_len - len(inp.tokens))
+            if limits[b] <= 0:
                 continue
             slot = self._slot(inp, busy)
             if slot is None:  # no slot free: fail open with an empty draft
                 continue
             keep = min(self.runner.common_prefix(slot, inp.tokens), len(inp.tokens) - 1)
             self.runner.rollback(slot, keep)
+            guesses[b] = self._guesses(inp, drafts[b], limits[b])
             rows.append(b)
-            feeds.append(inp.tokens[keep:])
-        step = 0
+            feeds.append(inp.tokens[keep:] + guesses[b])
         while rows:
             slots = [self.slots[inputs[b].request_id] for b in rows]
             try:
-                logits = self.runner.forward(slots, feeds)
+                logits = self.runner.forward(slots, feeds, [1 + len(guesses[b]) for b in rows])
             except RunnerError as exc:  # a drafter problem never fails the request
                 log.warning("draft forward failed, proposing nothing more this round: %s", exc)
                 break
             next_rows, next_feeds = [], []
-            for b, row_logits in zip(rows, logits):
-                inp = inputs[b]
-                token, sparse = self._pick(row_logits[-1], inp, len(inp.tokens) + step)
-                drafts[b].tokens.append(token)
-                if sparse is not None:
-                    drafts[b].probs.append(sparse)
-                if len(drafts[b].tokens) < min(inp.k, self.runner.max_len - len(inp.tokens)):
+            for b, slot, row_logits in zip(rows, slots, logits):
+                inp, draft = inputs[b], drafts[b]
+                self._take(row_logits, inp, draft, guesses[b])
+                # The cache holds the committed tokens and the guesses fed; keep those drafted.
+                self.runner.rollback(slot, len(inp.tokens) + len(draft.tokens) - 1)
+                if len(draft.tokens) < limits[b]:
+                    guesses[b] = self._guesses(inp, draft, limits[b])
                     next_rows.append(b)
-                    next_feeds.append([token])
+                    next_feeds.append([draft.tokens[-1]] + guesses[b])
             rows, feeds = next_rows, next_feeds
-            step += 1
         return drafts
+
+    def _take(self, row_logits: torch.Tensor, inp: DraftInput, draft: Draft, guessed: list[int]) -> None:
+        """Draft from logits [1 + len(guessed), vocab] while the model's picks equal the guesses."""
+        for j, logits in enumerate(row_logits):
+            token, sparse = self._pick(logits, inp, len(inp.tokens) + len(draft.tokens))
+            draft.tokens.append(token)
+            if sparse is not None:
+                draft.probs.append(sparse)
+            if j >= len(guessed) or token != guessed[j]:
+                return

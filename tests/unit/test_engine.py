@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import specdec.target as target_module
 from specdec.drafters import ModelDrafter, NgramProposer, NoDrafter
 from specdec.engine import KPolicy, SpecEngine
+from specdec.ngram import NgramDrafter
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams
 from specdec.verify import VerifyResult
@@ -24,6 +25,9 @@ def _engine(target_model, tokenizer, drafter_kind: str, draft_model=None, k: int
         vocab = list(range(8192)) + [target_model.generation_config.eos_token_id]
         drafter = ModelDrafter(ModelRunner(draft_model, num_slots=num_slots, max_len=max_len,
                                            weight_quant="int8", vocab_subset=vocab))
+    elif drafter_kind == "model-lookup":  # the draft model also checks prompt-lookup guesses
+        drafter = ModelDrafter(ModelRunner(draft_model, num_slots=num_slots, max_len=max_len),
+                               lookup=NgramDrafter(min_ngram=1))
     elif drafter_kind == "ngram":
         drafter = NgramProposer()
     else:
@@ -54,7 +58,7 @@ def _prompts(vocab_hi: int, lengths=(3, 11, 1, 24, 7), seed: int = 0) -> list[li
     return [torch.randint(0, vocab_hi, (n,), generator=gen).tolist() for n in lengths]
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "none"])
+@pytest.mark.parametrize("drafter", ["model", "model-lookup", "ngram", "none"])
 def test_greedy_matches_transformers_tiny(tiny, drafter):
     prompts = _prompts(256)
     max_tokens = [5, 17, 32, 40, 9]
@@ -72,7 +76,7 @@ def test_greedy_matches_transformers_tiny(tiny, drafter):
             assert res.finish_reason == "stop"
         assert res.token_ids == ref, f"request {i}"
     assert engine.target.free_slots == 3
-    if drafter == "model":
+    if drafter.startswith("model"):
         assert sum(r.stats.drafted for r in results) > 0
         assert 0 < sum(r.stats.accepted for r in results) < sum(r.stats.drafted for r in results)
 
@@ -105,7 +109,8 @@ def test_broken_verifier_is_caught(tiny, monkeypatch):
     assert [r.token_ids for r in results] != refs
 
 
-@pytest.mark.parametrize("drafter,k", [("model", 1), ("model", 3), ("model", 7), ("ngram", 3), ("none", 0)])
+@pytest.mark.parametrize("drafter,k", [("model", 1), ("model", 3), ("model", 7), ("model-lookup", 5),
+                                            ("ngram", 3), ("none", 0)])
 def test_invariant_sampling_is_identical_for_any_drafter_and_k(tiny, drafter, k):
     prompts = _prompts(256, lengths=(6, 2, 15), seed=5)
     params = [SamplingParams(max_tokens=25, temperature=0.9, seed=11),
@@ -153,7 +158,7 @@ def smollm(smollm_path):
     return {"target": target, "draft": draft, "tokenizer": AutoTokenizer.from_pretrained(smollm_path)}
 
 
-@pytest.mark.parametrize("drafter", ["model", "model-cheap", "ngram", "none"])
+@pytest.mark.parametrize("drafter", ["model", "model-cheap", "model-lookup", "ngram", "none"])
 def test_greedy_matches_transformers_smollm(smollm, drafter):
     tok = smollm["tokenizer"]
     texts = ["def fibonacci(n):", "The capital of France is", "1, 2, 3, 4, 5,"]

@@ -1,0 +1,102 @@
+"""ModelDrafter with prompt lookup: the same draft tokens as drafting one token per forward, in fewer forwards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.drafters import DraftInput, ModelDrafter
+from specdec.runner import ModelRunner
+from specdec.sampling import SamplingParams
+from specdec.verify import Draft, VerifyMode
+from tests.conftest import load_hf
+
+
+class CountingRunner(ModelRunner):
+    """A real runner that counts its forwards."""
+
+    forwards = 0
+
+    def forward(self, *args, **kwargs):
+        self.forwards += 1
+        return super().forward(*args, **kwargs)
+
+
+class OracleLookup:
+    """Guesses given by the test instead of found in the text: the draft's own continuation of each
+    sequence, with a wrong token at draft position `wrong_at` if given."""
+
+    def __init__(self, full: list[list[int]], prompt_lens: list[int], wrong_at: int | None = None):
+        self.full, self.prompt_lens, self.wrong_at = full, prompt_lens, wrong_at
+
+    def propose_one(self, tokens, k: int) -> Draft:
+        (seq, start), = [(f, n) for f, n in zip(self.full, self.prompt_lens) if f[:len(tokens)] == list(tokens)]
+        guess = seq[len(tokens):len(tokens) + k]
+        if self.wrong_at is not None and len(tokens) <= start + self.wrong_at < len(tokens) + len(guess):
+            guess[start + self.wrong_at - len(tokens)] = (seq[start + self.wrong_at] + 1) % 256
+        return Draft(tokens=guess)
+
+
+@pytest.fixture(scope="module")
+def draft_model(tiny_paths):
+    return load_hf(tiny_paths["llama-draft"])
+
+
+def _inputs(mode: VerifyMode, k: int) -> list[DraftInput]:
+    params = SamplingParams(max_tokens=64) if mode is VerifyMode.GREEDY else \
+        SamplingParams(max_tokens=64, temperature=0.8, seed=3)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (7, 19)]
+    return [DraftInput(f"r{i}", p, params, mode, k) for i, p in enumerate(prompts)]
+
+
+def _propose(model, inputs, lookup=None, max_guesses: int = 3) -> tuple[list[list[int]], int]:
+    runner = CountingRunner(model, num_slots=4, max_len=128)
+    drafts = ModelDrafter(runner, lookup=lookup, max_guesses=max_guesses).propose(inputs)
+    return [d.tokens for d in drafts], runner.forwards
+
+
+def _oracle(inputs, drafts, wrong_at=None) -> OracleLookup:
+    return OracleLookup([i.tokens + d for i, d in zip(inputs, drafts)], [len(i.tokens) for i in inputs], wrong_at)
+
+
+@pytest.mark.parametrize("mode", [VerifyMode.GREEDY, VerifyMode.INVARIANT])
+def test_lookup_drafts_the_same_tokens_in_fewer_forwards(draft_model, mode):
+    k = 6
+    inputs = _inputs(mode, k)
+    plain, plain_forwards = _propose(draft_model, inputs)
+    assert plain_forwards == k and all(len(t) == k for t in plain)
+
+    # All guesses right: k - 1 guesses checked in one forward give all k tokens.
+    right, forwards = _propose(draft_model, inputs, _oracle(inputs, plain), max_guesses=k - 1)
+    assert right == plain and forwards == 1
+    # Three guesses per forward: 4 tokens, then 1 guess for the last 2.
+    right, forwards = _propose(draft_model, inputs, _oracle(inputs, plain), max_guesses=3)
+    assert right == plain and forwards == 2
+
+    # Guess 2 wrong: the model keeps guesses 0-1 and drafts its own token 2; the next forward
+    # checks the (right) guesses for the rest.
+    wrong, forwards = _propose(draft_model, inputs, _oracle(inputs, plain, wrong_at=2), max_guesses=k - 1)
+    assert wrong == plain and forwards == 2
+
+
+def test_lookup_is_not_used_in_rejection_mode(draft_model):
+    inputs = _inputs(VerifyMode.REJECTION, 4)
+    always = OracleLookup([i.tokens + [0] * 8 for i in inputs], [len(i.tokens) for i in inputs])
+    _, forwards = _propose(draft_model, inputs, always)
+    assert forwards == 4  # sampled tokens are not a function of the logits: no guess can be checked
+
+
+def test_lookup_cache_state_carries_over_rounds(draft_model):
+    """After a round with rejected guesses, the next round drafts from a correct cache."""
+    inputs = _inputs(VerifyMode.GREEDY, 5)
+    plain, _ = _propose(draft_model, inputs)
+    runner = ModelRunner(draft_model, num_slots=4, max_len=128)
+    drafter = ModelDrafter(runner, lookup=_oracle(inputs, plain, wrong_at=1), max_guesses=4)
+    assert [d.tokens for d in drafter.propose(inputs)] == plain
+    # Next round: the target accepted two draft tokens and added one of its own.
+    nxt = [DraftInput(i.request_id, i.tokens + toks[:2] + [7], i.params, i.mode, 5) for i, toks in zip(inputs, plain)]
+    drafter.lookup = None
+    again = [d.tokens for d in drafter.propose(nxt)]
+    fresh, _ = _propose(draft_model, nxt)
+    assert again == fresh
