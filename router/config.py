@@ -20,7 +20,7 @@ SPEC_MODES = ("off", "draft", "ngram", "auto")
 
 def kpolicy_from_dict(d: dict | KPolicy | None) -> KPolicy:
     if d is None:
-        return KPolicy(k=4, adaptive=True, k_min=1, k_max=8)
+        return KPolicy(k=4, adaptive=True, k_min=1, k_max=12)
     if isinstance(d, KPolicy):
         return d
     return strict_from_dict(KPolicy, d, "k_policy")
@@ -66,7 +66,7 @@ class RouterConfig:
     max_queue: int = 64
     max_batch: int = 0
     default_max_tokens: int = 256
-    k_policy: KPolicy = field(default_factory=lambda: KPolicy(k=4, adaptive=True, k_min=1, k_max=8))
+    k_policy: KPolicy = field(default_factory=lambda: KPolicy(k=4, adaptive=True, k_min=1, k_max=12))
     default_mode: str = "draft"
     auto_off_batch: int = 0
     micro_batches: int = 2

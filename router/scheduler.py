@@ -304,7 +304,7 @@ class TargetScheduler:
             return 0
         if job.auto and self.cfg.auto_off_batch and len(self.running) > self.cfg.auto_off_batch:
             return 0
-        return job.state.next_k(self.max_context, self.cost.c if job.spec == "draft" else None)
+        return job.state.next_k(self.max_context, self.cost.per_token if job.spec == "draft" else None)
 
     async def _round(self, batch: list[Job]) -> None:
         t0 = time.monotonic()
@@ -320,7 +320,7 @@ class TargetScheduler:
             dt = t2 - t1
             self._verify_ema = dt if self._verify_ema is None else 0.8 * self._verify_ema + 0.2 * dt
             steps = max((len(d.tokens) for j, d in zip(batch, drafts) if j.spec == "draft"), default=0)
-            self.cost.update(draft_wait, steps, dt)
+            self.cost.update(draft_wait, steps, dt, sum(len(d.tokens) + 1 for d in drafts))
         m = self.metrics
         m.rounds.inc()
         m.batch_size.observe(len(batch))

@@ -511,7 +511,7 @@ def run_benchmark(target: str | LoadedModel, draft: str | LoadedModel | None, pr
         check_same_vocab(target_m, draft_m)
     load_s = time.perf_counter() - t_load
     encoded = [encode(target_m.tokenizer, p) for p in prompt_list]
-    ks = [k for k in (_fixed_k(n) for n in names) if k] + [8]  # 8: the adaptive policy's k_max
+    ks = [k for k in (_fixed_k(n) for n in names) if k] + [KPolicy().k_max]  # + the adaptive k_max
     max_len = max(len(e) for e in encoded) + options.max_tokens + max(ks) + 8
     configs = build_configs(names, target_m, draft_m, max_len, ngram_k=options.k, draft_options=options.draft_options)
     if options.warmup:

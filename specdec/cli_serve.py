@@ -217,7 +217,7 @@ def _add_bench_serve_parser(bsub: argparse._SubParsersAction) -> None:
                    help='engine drafter options (specdec.build.DraftOptions), e.g. \'{"quant": null, "vocab": null}\'; '
                         "match the draft worker's draft_options")
     p.add_argument("--k", type=int, default=4, help="engine k (initial k when adaptive)")
-    p.add_argument("--k-max", type=int, default=8)
+    p.add_argument("--k-max", type=int, default=12)
     p.add_argument("--fixed-k", action="store_true", help="engine: fixed k instead of adaptive")
     p.add_argument("--json", default=None, metavar="OUT", help="write the full result here")
     p.set_defaults(func=_bench_serve)

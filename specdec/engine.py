@@ -96,7 +96,7 @@ class SpecEngine:
         if not batch:
             return []
         max_len = self.target.max_len
-        inputs = [DraftInput(r.id, r.tokens, r.params, r.mode, r.next_k(max_len, self.cost.c)) for r in batch]
+        inputs = [DraftInput(r.id, r.tokens, r.params, r.mode, r.next_k(max_len, self.cost.per_token)) for r in batch]
         t0 = time.perf_counter()
         drafts = self.drafter.propose(inputs)
         t1 = time.perf_counter()
@@ -106,7 +106,8 @@ class SpecEngine:
                 del draft.probs[inp.k:]
         results = self.verifier.verify([VerifyItem(r.id, r.tokens, r.params, r.mode, d)
                                         for r, d in zip(batch, drafts)])
-        self.cost.update(t1 - t0, max(len(d.tokens) for d in drafts), time.perf_counter() - t1)
+        self.cost.update(t1 - t0, max(len(d.tokens) for d in drafts), time.perf_counter() - t1,
+                         sum(len(d.tokens) + 1 for d in drafts))
         outputs = []
         for req, draft, result in zip(batch, drafts, results):
             committed = req.commit(result.tokens, result.num_accepted, len(draft.tokens), max_len)

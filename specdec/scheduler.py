@@ -50,7 +50,7 @@ class KPolicy:
     k: int = 4
     adaptive: bool = False
     k_min: int = 1
-    k_max: int = 8
+    k_max: int = 12
     cost_ratio: float = 0.4  # c = draft step / target step, for the adaptive choice
 
     def make(self) -> AdaptiveK | None:
@@ -61,18 +61,48 @@ class KPolicy:
 
 @dataclass
 class CostMeter:
-    """Measured cost ratio c = draft step / target step (EWMA), for the adaptive choice of k.
+    """Measured costs of a round, in units of a target step, for the adaptive choice of k.
 
-    The draft step is a round's drafting time divided by its longest draft (steps run batched);
-    the target step is the round's verification time."""
+    c: draft time per draft token / verify time (EWMA). The draft step is a round's drafting time
+    divided by its longest draft (steps run batched); the target step is the round's verify time.
+    r: what one more verified token adds to a verify, relative to a one-token verify. A verify is
+    flat in k only while it stays memory-bound (on 2 CPU cores it grows past ~5 tokens), so each
+    draft token costs c + r; r comes from a least-squares line through recent rounds' (tokens
+    verified, verify seconds), 0 until rounds of different sizes have been seen.
+    """
     c: float = 0.4
-    weight: float = 0.2  # of each new round
+    weight: float = 0.2  # of each new round, for c
+    line_weight: float = 0.05  # for the verify line: a longer memory, to span many sizes
+    _moments: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)  # 1, n, t, n^2, n t
 
-    def update(self, draft_seconds: float, draft_steps: int, verify_seconds: float) -> float:
+    def update(self, draft_seconds: float, draft_steps: int, verify_seconds: float,
+               verified_tokens: int = 0) -> float:
         if draft_steps > 0 and verify_seconds > 0:
             sample = (draft_seconds / draft_steps) / verify_seconds
             self.c += self.weight * (sample - self.c)
+        if verified_tokens > 0 and verify_seconds > 0:
+            n, t = float(verified_tokens), verify_seconds
+            for i, x in enumerate((1.0, n, t, n * n, n * t)):
+                self._moments[i] += self.line_weight * (x - self._moments[i])
         return self.c
+
+    @property
+    def r(self) -> float:
+        w, n, t, nn, nt = self._moments
+        if w <= 0:
+            return 0.0
+        n, t, nn, nt = n / w, t / w, nn / w, nt / w
+        var = nn - n * n
+        if var < 0.25:  # all rounds (nearly) the same size: no slope to see
+            return 0.0
+        slope = (nt - n * t) / var
+        one_token = t - slope * (n - 1.0)
+        return min(max(slope / one_token, 0.0), 1.0) if one_token > 0 else 0.0
+
+    @property
+    def per_token(self) -> float:
+        """Cost of one more draft token (drafting it and verifying it), in target steps."""
+        return self.c + self.r
 
 
 @dataclass

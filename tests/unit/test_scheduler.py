@@ -19,6 +19,18 @@ def test_cost_meter_moves_towards_measured_ratio():
     assert meter.update(0.0, 0, 1.0) == meter.c  # a round without drafting teaches nothing
 
 
+def test_cost_meter_fits_the_verify_cost_per_token():
+    meter = CostMeter(c=0.1)
+    for _ in range(20):  # all rounds verify 5 tokens: no slope to see
+        meter.update(0.04, 4, 0.25, verified_tokens=5)
+    assert meter.r == 0.0 and meter.per_token == meter.c
+    for _ in range(100):  # a verify of n tokens takes 0.2 + 0.01 n seconds
+        for n in (1, 3, 5, 9, 13):
+            meter.update(0.04, 4, 0.2 + 0.01 * n, verified_tokens=n)
+    assert abs(meter.r - 0.01 / 0.21) < 1e-3
+    assert abs(meter.per_token - (meter.c + meter.r)) < 1e-12
+
+
 def test_next_k_is_bounded_by_remaining_tokens_and_context():
     req = _request(max_tokens=3)
     assert req.next_k(max_context=100) == 2  # the target adds one token itself
