@@ -59,7 +59,7 @@ from specdec.models import LoadedModel, load_model
 from specdec.prompts import Prompt, encode, load_prompts
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams
-from specdec.speedup import estimate_acceptance, speedup
+from specdec.speedup import estimate_acceptance, expected_tokens, speedup
 
 log = logging.getLogger(__name__)
 
@@ -710,7 +710,11 @@ def _bound(s: dict, step_ms: float | None, measured: float | None) -> dict:
     if s["a"] is None or c is None:
         return {"c": c, "verify_ratio": verify, "bound": None, "efficiency": None}
     bound = speedup(s["a"], c, k)
-    return {"c": c, "verify_ratio": verify, "bound": bound, "efficiency": _ratio(measured, bound)}
+    # The same bound with the verify round as measured (it grows with k once compute-bound): what
+    # is left between it and the measured speedup is prefill and per-round overhead.
+    bound_v = expected_tokens(s["a"], k) / (k * c + verify) if verify else None
+    return {"c": c, "verify_ratio": verify, "bound": bound, "efficiency": _ratio(measured, bound),
+            "bound_measured_verify": bound_v, "efficiency_measured_verify": _ratio(measured, bound_v)}
 
 
 def sweep_summary(summary: dict, names: Sequence[str]) -> dict | None:
@@ -743,6 +747,7 @@ TABLE_COLUMNS = (
     ("x hf_assisted", "speedup_vs_hf_assisted"), ("x best hf_asst", "speedup_vs_best_hf_assisted"),
     ("x specdec_target", "speedup_vs_specdec_target"),
     ("tau", "tau"), ("k", "k_mean"), ("a", "a"), ("c", "c"), ("bound", "bound"), ("eff", "efficiency"),
+    ("v", "verify_ratio"), ("eff v", "efficiency_measured_verify"),
     ("eff vs hf_target", "efficiency_vs_hf_target"), ("agree exact", "agreement_exact"),
     ("agree prefix", "agreement_prefix"),
 )
@@ -776,7 +781,9 @@ def format_table(result: dict) -> str:
         "(specdec_target for specdec_*, hf_target for hf_*); eff = measured speedup over that baseline / bound; "
         f"best hf_asst = {summary.get('best_hf_assisted')}; med = median over requests of the per-request "
         "ratio (robust to a burst of load on one request); ms/tok = request time / output tokens; "
-        "c = drafter time per draft token / target decode step, both measured in the run.",
+        "c = drafter time per draft token / target decode step, both measured in the run; v = verify time "
+        "per round / target decode step; eff v = measured speedup / (tau(a, k) / (k c + v)), the bound with "
+        "the verify as measured.",
     ]
     steps = summary.get("runner_steps")
     if steps:

@@ -85,12 +85,14 @@ class ModelDrafter:
         self.top_k_sent = top_k_sent
         self.lookup = lookup
         self.max_guesses = max_guesses  # per forward: a few more rows cost little in a memory-bound step
+        self.guess_budget: dict[str, int] = {}  # per request: 1 after a miss, max_guesses after a hit
         self.slots = SlotTable(runner)
         self.generators: dict[str, torch.Generator] = {}
 
     def release(self, request_id: str) -> None:
         self.slots.release(request_id)
         self.generators.pop(request_id, None)
+        self.guess_budget.pop(request_id, None)
 
     def _slot(self, inp: DraftInput, busy: set[str]) -> int | None:
         try:
@@ -115,7 +117,7 @@ class ModelDrafter:
 
     def _guesses(self, inp: DraftInput, draft: Draft, limit: int) -> list[int]:
         """Prompt-lookup tokens to feed after the draft so far; all right gives one token more."""
-        n = min(self.max_guesses, limit - len(draft.tokens) - 1)
+        n = min(self.guess_budget.get(inp.request_id, self.max_guesses), limit - len(draft.tokens) - 1)
         if self.lookup is None or inp.mode is VerifyMode.REJECTION or n <= 0:
             return []
         return self.lookup.propose_one(inp.tokens + draft.tokens, n).tokens
@@ -146,7 +148,9 @@ class ModelDrafter:
             next_rows, next_feeds = [], []
             for b, slot, row_logits in zip(rows, slots, logits):
                 inp, draft = inputs[b], drafts[b]
-                self._take(row_logits, inp, draft, guesses[b])
+                kept = self._take(row_logits, inp, draft, guesses[b])
+                if guesses[b]:  # where guesses keep missing, probe with one (a row costs little)
+                    self.guess_budget[inp.request_id] = self.max_guesses if kept else 1
                 # The cache holds the committed tokens and the guesses fed; keep those drafted.
                 self.runner.rollback(slot, len(inp.tokens) + len(draft.tokens) - 1)
                 if len(draft.tokens) < limits[b]:
@@ -156,12 +160,14 @@ class ModelDrafter:
             rows, feeds = next_rows, next_feeds
         return drafts
 
-    def _take(self, row_logits: torch.Tensor, inp: DraftInput, draft: Draft, guessed: list[int]) -> None:
-        """Draft from logits [1 + len(guessed), vocab] while the model's picks equal the guesses."""
+    def _take(self, row_logits: torch.Tensor, inp: DraftInput, draft: Draft, guessed: list[int]) -> int:
+        """Draft from logits [1 + len(guessed), vocab] while the model's picks equal the guesses;
+        return how many guesses were kept."""
         for j, logits in enumerate(row_logits):
             token, sparse = self._pick(logits, inp, len(inp.tokens) + len(draft.tokens))
             draft.tokens.append(token)
             if sparse is not None:
                 draft.probs.append(sparse)
             if j >= len(guessed) or token != guessed[j]:
-                return
+                return j
+        return len(guessed)

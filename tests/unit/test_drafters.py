@@ -100,3 +100,21 @@ def test_lookup_cache_state_carries_over_rounds(draft_model):
     again = [d.tokens for d in drafter.propose(nxt)]
     fresh, _ = _propose(draft_model, nxt)
     assert again == fresh
+
+
+def test_a_missed_guess_shrinks_the_next_forward_to_one_guess(draft_model):
+    k = 6
+    inputs = _inputs(VerifyMode.GREEDY, k)
+    plain, _ = _propose(draft_model, inputs)
+    runner = CountingRunner(draft_model, num_slots=4, max_len=128)
+    rows = []
+    forward = runner.forward
+    runner.forward = lambda slots, feeds, n: rows.append([len(f) for f in feeds]) or forward(slots, feeds, n)
+    drafter = ModelDrafter(runner, lookup=_oracle(inputs, plain, wrong_at=0), max_guesses=k - 1)
+    assert [d.tokens for d in drafter.propose(inputs)] == plain
+    # Forward 1: catch-up + 5 guesses, the first wrong. Forward 2: the drafted token + 1 guess
+    # (right). Forward 3: back to the full budget, 2 guesses for the last 3 tokens.
+    assert [r[1] for r in rows] == [len(inputs[1].tokens) + 5, 2, 3]
+    assert drafter.guess_budget == {"r0": k - 1, "r1": k - 1}
+    drafter.release("r0")
+    assert "r0" not in drafter.guess_budget
