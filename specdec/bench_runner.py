@@ -91,6 +91,36 @@ def bench_runner(model_spec: str, dtype: str = "bfloat16", context_len: int = 12
     }
 
 
+def forward_sweep(model_spec: str, sizes: tuple[int, ...], dtype: str = "bfloat16", context_len: int = 168,
+                  repeat: int = 7, threads: int | None = None, as_draft: bool = False) -> dict:
+    """The runner's forward time by tokens per forward (one sequence): how a verify of k + 1 tokens,
+    or a draft forward with lookup guesses, grows with k. `as_draft` builds the runner as the
+    drafters do (specdec.build.DraftOptions: int8 weights, vocabulary subset)."""
+    from specdec.build import make_model_drafter
+
+    if threads:
+        torch.set_num_threads(threads)
+    loaded = load_model(model_spec, dtype=dtype)
+    max_len = context_len + max(sizes) + 1
+    runner = make_model_drafter(loaded, 1, max_len).runner if as_draft else ModelRunner(loaded.model, 1, max_len)
+    context = list(range(100, 100 + context_len))
+    with torch.inference_mode():
+        ms = {n: _runner_case(runner, 1, context, n, repeat) for n in sizes}
+    return {"model": model_spec, "dtype": dtype, "as_draft": as_draft, "context_len": context_len,
+            "repeat": repeat, "threads": torch.get_num_threads(),
+            "forward_ms": {str(n): round(v, 2) for n, v in ms.items()},
+            "relative_to_one_token": {str(n): round(v / ms[sizes[0]], 3) for n, v in ms.items()}}
+
+
+def format_sweep(result: dict) -> str:
+    lines = [f"{result['model']} ({result['dtype']}{', as a draft' if result['as_draft'] else ''}, context "
+             f"{result['context_len']}, {result['threads']} threads, median of {result['repeat']})",
+             f"{'tokens':>8}{'ms':>10}{'relative':>10}"]
+    for n, v in result["forward_ms"].items():
+        lines.append(f"{n:>8}{v:>10.1f}{result['relative_to_one_token'][n]:>9.2f}x")
+    return "\n".join(lines)
+
+
 def format_table(result: dict) -> str:
     lines = [f"{result['model']} ({result['dtype']}, context {result['context_len']}, "
              f"{result['threads']} threads, median of {result['repeat']})",

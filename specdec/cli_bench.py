@@ -8,8 +8,13 @@ import sys
 
 
 def _bench_runner(args: argparse.Namespace) -> int:
-    from specdec.bench_runner import bench_runner, format_table
+    from specdec.bench_runner import bench_runner, format_sweep, format_table, forward_sweep
 
+    if args.tokens_sweep:
+        result = forward_sweep(args.model, args.tokens_sweep, dtype=args.dtype, context_len=args.context,
+                               repeat=args.repeat, threads=args.threads, as_draft=args.as_draft)
+        print(json.dumps(result, indent=2) if args.json else format_sweep(result))
+        return 0
     result = bench_runner(args.model, dtype=args.dtype, context_len=args.context, repeat=args.repeat,
                           threads=args.threads, progress=lambda name: print(f"... {name}", file=sys.stderr))
     print(json.dumps(result, indent=2) if args.json else format_table(result))
@@ -22,7 +27,7 @@ def _int_list(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError("every k must be >= 1")
+        raise argparse.ArgumentTypeError("every value must be >= 1")
     return values
 
 
@@ -90,6 +95,10 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=int, default=128, help="tokens already in the cache")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--tokens-sweep", type=_int_list, default=(), metavar="N1,N2,...",
+                   help="instead: the runner's forward time for each number of tokens per forward (verify cost vs k)")
+    p.add_argument("--as-draft", action="store_true",
+                   help="with --tokens-sweep: build the runner as drafters do (int8 weights, vocabulary subset)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_bench_runner)
 

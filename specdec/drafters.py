@@ -80,11 +80,14 @@ class ModelDrafter:
     """
 
     def __init__(self, runner: ModelRunner, top_k_sent: int = 16, lookup: NgramDrafter | None = None,
-                 max_guesses: int = 3):
+                 max_guesses: int = 3, cheap_rows: int = 4):
         self.runner = runner
         self.top_k_sent = top_k_sent
         self.lookup = lookup
         self.max_guesses = max_guesses  # per forward: a few more rows cost little in a memory-bound step
+        # ...up to a point: the int8 CPU kernel works in blocks of 4 rows (2 CPU threads: 1 row 44 ms,
+        # 4 rows 53, 5 rows 102; `specdec bench runner --as-draft --tokens-sweep`).
+        self.cheap_rows = cheap_rows
         self.guess_budget: dict[str, int] = {}  # per request: 1 after a miss, max_guesses after a hit
         self.slots = SlotTable(runner)
         self.generators: dict[str, torch.Generator] = {}
@@ -115,9 +118,11 @@ class ModelDrafter:
         ids, probs = sparse_topk(logq, self.top_k_sent)
         return sample_sparse(ids, probs, self.generators[inp.request_id]), (ids, probs)
 
-    def _guesses(self, inp: DraftInput, draft: Draft, limit: int) -> list[int]:
-        """Prompt-lookup tokens to feed after the draft so far; all right gives one token more."""
+    def _guesses(self, inp: DraftInput, draft: Draft, limit: int, fed: int) -> list[int]:
+        """Prompt-lookup tokens to feed after the `fed` tokens; all right gives one token more."""
         n = min(self.guess_budget.get(inp.request_id, self.max_guesses), limit - len(draft.tokens) - 1)
+        if fed <= self.cheap_rows:  # a prefill is dear anyway; a decode-sized forward stays cheap
+            n = min(n, self.cheap_rows - fed)
         if self.lookup is None or inp.mode is VerifyMode.REJECTION or n <= 0:
             return []
         return self.lookup.propose_one(inp.tokens + draft.tokens, n).tokens
@@ -135,7 +140,7 @@ class ModelDrafter:
                 continue
             keep = min(self.runner.common_prefix(slot, inp.tokens), len(inp.tokens) - 1)
             self.runner.rollback(slot, keep)
-            guesses[b] = self._guesses(inp, drafts[b], limits[b])
+            guesses[b] = self._guesses(inp, drafts[b], limits[b], fed=len(inp.tokens) - keep)
             rows.append(b)
             feeds.append(inp.tokens[keep:] + guesses[b])
         while rows:
@@ -154,7 +159,7 @@ class ModelDrafter:
                 # The cache holds the committed tokens and the guesses fed; keep those drafted.
                 self.runner.rollback(slot, len(inp.tokens) + len(draft.tokens) - 1)
                 if len(draft.tokens) < limits[b]:
-                    guesses[b] = self._guesses(inp, draft, limits[b])
+                    guesses[b] = self._guesses(inp, draft, limits[b], fed=1)
                     next_rows.append(b)
                     next_feeds.append([draft.tokens[-1]] + guesses[b])
             rows, feeds = next_rows, next_feeds

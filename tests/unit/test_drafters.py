@@ -118,3 +118,19 @@ def test_a_missed_guess_shrinks_the_next_forward_to_one_guess(draft_model):
     assert drafter.guess_budget == {"r0": k - 1, "r1": k - 1}
     drafter.release("r0")
     assert "r0" not in drafter.guess_budget
+
+
+def test_guesses_keep_a_decode_forward_within_the_cheap_rows(draft_model):
+    inputs = _inputs(VerifyMode.GREEDY, 1)
+    runner = CountingRunner(draft_model, num_slots=4, max_len=128)
+    drafter = ModelDrafter(runner, max_guesses=3, cheap_rows=4)
+    first = [d.tokens for d in drafter.propose(inputs)]  # prefill; the draft token is not cached
+    # Next round: the draft token was accepted and the target added one: 2 tokens to catch up.
+    nxt = [DraftInput(i.request_id, i.tokens + d + [7], i.params, i.mode, 6) for i, d in zip(inputs, first)]
+    plain, _ = _propose(draft_model, nxt)
+    drafter.lookup = _oracle(nxt, plain)
+    rows = []
+    forward = runner.forward
+    runner.forward = lambda slots, feeds, n: rows.append([len(f) for f in feeds]) or forward(slots, feeds, n)
+    assert [d.tokens for d in drafter.propose(nxt)] == plain
+    assert rows[0] == [4, 4]  # 2 to catch up + 2 guesses, not 3
