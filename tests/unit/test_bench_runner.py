@@ -1,0 +1,22 @@
+"""`specdec bench runner`: runner vs transformers timings and the tokens-per-forward sweep, on a tiny model."""
+
+from __future__ import annotations
+
+from specdec.bench_runner import bench_runner, format_sweep, format_table, forward_sweep
+
+
+def test_bench_runner_times_every_case(tiny_paths):
+    result = bench_runner(str(tiny_paths["llama"]), dtype="float32", context_len=16, repeat=2)
+    assert [c["name"] for c in result["cases"]] == ["decode b=1", "decode b=8", "verify 5 tokens b=1"]
+    assert all(c["runner_ms"] > 0 and c["transformers_ms"] > 0 for c in result["cases"])
+    assert "verify 5 tokens b=1" in format_table(result)
+
+
+def test_forward_sweep_reports_each_size_relative_to_the_first(tiny_paths):
+    for as_draft in (False, True):
+        result = forward_sweep(str(tiny_paths["llama"]), (1, 3, 9), dtype="float32", context_len=12, repeat=2,
+                               as_draft=as_draft)
+        assert list(result["forward_ms"]) == ["1", "3", "9"] and result["as_draft"] is as_draft
+        assert result["relative_to_one_token"]["1"] == 1.0
+        assert all(v > 0 for v in result["forward_ms"].values())
+        assert format_sweep(result).count("x") >= 3
