@@ -36,21 +36,22 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml
 _POOL_KEYS = {"replicas", "placement", "name", "tokenizer"}
 
 
-def default_threads(role: str, cores: int | None = None) -> int:
-    """Torch threads per worker when the config leaves ``threads`` unset: the cores are split, never
-    oversubscribed.
+def default_threads(role: str, cores: int | None = None, pipelined: bool = False) -> int:
+    """Torch threads per worker when the config leaves ``threads`` unset.
 
     The draft and the target worker are separate processes on one machine (the embedded default).
-    If their threads add up to more than the cores, every overlap of the two (pre-drafting,
-    micro-batches, or just OpenMP threads still spinning after a parallel region) leaves an OpenMP
-    team waiting on a descheduled thread, and a step costs several times more: measured on the
-    2-core machine, a 5 x 576 x 1536 matmul took 0.3 ms with 1 thread and 1.4 ms with 2 once other
-    processes were running, a 179-token prefill 3x more. So the drafter gets 1 core (2 above 4 cores)
-    and the target the rest: on 2 cores, one each. Strictly alternating rounds leave one core idle,
-    which costs the target part of its verify speed; in exchange a round never stalls, and
-    pipelined drafting really runs beside the verify. Set ``threads`` in the config to override.
+    When rounds alternate (no pre-drafting, one micro-batch: the default), only one of them computes
+    at a time, so each gets every core: measured on the 2-core machine (`specdec bench serve`,
+    humaneval:3, 64 tokens, c=1), 2 threads each gave 10.5 tok/s against 6.5 with one core each, and
+    plain decoding 4.2 against 2.6 (bench/NOTES.md). When drafting overlaps the verify
+    (``router.predraft`` or ``router.micro_batches`` > 1) the cores are split instead, never
+    oversubscribed: two OpenMP teams on the same cores wait on each other's descheduled threads (a
+    179-token prefill took 3x longer): the drafter gets 1 core (2 above 4 cores), the target the
+    rest. Set ``threads`` in the config to override, e.g. for several replicas on one machine.
     """
     cores = cores or os.cpu_count() or 1
+    if not pipelined:
+        return cores
     draft = 1 if cores <= 4 else 2
     if role == "draft":
         return draft
@@ -70,13 +71,13 @@ class PoolConfig:
         return self.name or self.worker.model
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], role: str) -> PoolConfig:
+    def from_dict(cls, d: dict[str, Any], role: str, pipelined: bool = False) -> PoolConfig:
         d = dict(d)
         pool = {k: d.pop(k) for k in list(d) if k in _POOL_KEYS}
         if "model" not in d:
             raise ValueError(f"{role}: 'model' is required")
         if d.get("threads") in (None, "auto"):
-            d["threads"] = default_threads(role)
+            d["threads"] = default_threads(role, pipelined=pipelined)
         try:
             worker = WorkerConfig.from_dict(d)
         except ValueError as exc:
@@ -127,14 +128,14 @@ class ServeConfig:
             raise ValueError(f"config: unknown sections {unknown} (known: ray, target, draft, router)")
         if not d.get("target"):
             raise ValueError("config: a 'target' section with a model is required")
-        target = PoolConfig.from_dict(d["target"], "target")
+        router = RouterConfig.from_dict(d.get("router") or {})
+        pipelined = router.predraft or router.micro_batches > 1  # drafting overlaps the verify
+        target = PoolConfig.from_dict(d["target"], "target", pipelined)
         draft_d = d.get("draft")
         draft = None
         if draft_d and str(draft_d.get("model", "")).lower() not in ("", "none", "off"):
-            draft = PoolConfig.from_dict(draft_d, "draft")
-        router_d = d.get("router") or {}
-        return cls(target=target, draft=draft, router=RouterConfig.from_dict(router_d),
-                   ray=RayConfig.from_dict(d.get("ray")))
+            draft = PoolConfig.from_dict(draft_d, "draft", pipelined)
+        return cls(target=target, draft=draft, router=router, ray=RayConfig.from_dict(d.get("ray")))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -309,6 +309,8 @@ class TargetScheduler:
     async def _round(self, batch: list[Job]) -> None:
         t0 = time.monotonic()
         ks = [self._want_k(j) for j in batch]
+        # The workers prefill a request inside its first round: such a round says nothing of a step.
+        prefills = any(not j.state.generated for j in batch)
         drafts, draft_wait = await self._drafts(batch, ks)
         self._launch_predraft(batch, ks, drafts)
         items = [worker_pb2.VerifyItem(sequence=sequence_to_proto(j.key, j.state.tokens, j.params, j.mode),
@@ -320,7 +322,8 @@ class TargetScheduler:
             dt = t2 - t1
             self._verify_ema = dt if self._verify_ema is None else 0.8 * self._verify_ema + 0.2 * dt
             steps = max((len(d.tokens) for j, d in zip(batch, drafts) if j.spec == "draft"), default=0)
-            self.cost.update(draft_wait, steps, dt, sum(len(d.tokens) + 1 for d in drafts))
+            if not prefills:
+                self.cost.update(draft_wait, steps, dt, sum(len(d.tokens) + 1 for d in drafts))
         m = self.metrics
         m.rounds.inc()
         m.batch_size.observe(len(batch))

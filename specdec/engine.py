@@ -106,8 +106,9 @@ class SpecEngine:
                 del draft.probs[inp.k:]
         results = self.verifier.verify([VerifyItem(r.id, r.tokens, r.params, r.mode, d)
                                         for r, d in zip(batch, drafts)])
-        self.cost.update(t1 - t0, max(len(d.tokens) for d in drafts), time.perf_counter() - t1,
-                         sum(len(d.tokens) + 1 for d in drafts))
+        if all(r.generated for r in batch):  # a first round holds the drafter's prefill: not a step
+            self.cost.update(t1 - t0, max(len(d.tokens) for d in drafts), time.perf_counter() - t1,
+                             sum(len(d.tokens) + 1 for d in drafts))
         outputs = []
         for req, draft, result in zip(batch, drafts, results):
             committed = req.commit(result.tokens, result.num_accepted, len(draft.tokens), max_len)
