@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from specdec.drafters import DraftInput, Drafter, ModelDrafter
+from specdec.drafters import DraftInput, Drafter, ModelDrafter, propose_within_k
 from specdec.params import InvalidParams
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import draft_to_proto, sequence_from_proto
@@ -67,11 +67,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
             return worker_pb2.ProposeResponse()
         inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, s.k) for s in seqs]
         with self.lock:
-            drafts = self.drafter.propose(inputs)
-        for inp, draft in zip(inputs, drafts):  # never more than asked for
-            del draft.tokens[inp.k:]
-            if draft.probs is not None:
-                del draft.probs[inp.k:]
+            drafts = propose_within_k(self.drafter, inputs)
         return worker_pb2.ProposeResponse(drafts=[draft_to_proto(i.request_id, d) for i, d in zip(inputs, drafts)])
 
     @rpc_method

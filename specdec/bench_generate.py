@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.build import DraftOptions, check_same_vocab, make_model_drafter
+from specdec.build import DraftOptions, check_same_vocab, make_draft_runner, model_drafter_on
 from specdec.drafters import ModelDrafter, NgramProposer
 from specdec.engine import KPolicy, SpecEngine
 from specdec.models import LoadedModel, load_model
@@ -376,15 +376,15 @@ def build_configs(names: Sequence[str], target: LoadedModel, draft: LoadedModel 
     """One target runner and one draft runner, shared by every specdec engine (they run one at a time).
 
     The draft runner is made as `specdec generate` and the draft workers make it
-    (:func:`specdec.build.make_model_drafter`); transformers gets the draft model as loaded.
+    (:func:`specdec.build.make_draft_runner`, :func:`specdec.build.model_drafter_on`); transformers gets the draft model as loaded.
     """
     target_runner = ModelRunner(target.model, num_slots=1, max_len=max_len)
-    made = None
+    draft_runner = None
     if draft is not None and any(_family(n) in (SPEC_DRAFT_K, SPEC_ADAPTIVE) for n in names):
-        made = make_model_drafter(draft, 1, max_len, draft_options)
+        draft_runner = make_draft_runner(draft, 1, max_len, draft_options)
 
     def model_drafter() -> TimedDrafter:  # one per configuration, all on the one draft runner
-        return TimedDrafter(ModelDrafter(made.runner, lookup=made.lookup, max_guesses=made.max_guesses))
+        return TimedDrafter(model_drafter_on(draft_runner, draft_options))
     configs: dict = {}
     for name in names:
         fam, k = _family(name), _fixed_k(name)
@@ -476,7 +476,7 @@ def _step_costs(configs: dict, target: LoadedModel, draft: LoadedModel | None, c
     draft_runner = next((c.timer.inner.runner for c in spec
                          if c.timer is not None and isinstance(c.timer.inner, ModelDrafter)), None)
     if draft_runner is None:
-        draft_runner = make_model_drafter(draft, 1, len(context) + 2, options.draft_options).runner
+        draft_runner = make_draft_runner(draft, 1, len(context) + 2, options.draft_options)
     log.info("runner decode steps: target and draft, alternating")
     return measure_step_costs(target_runner, draft_runner, context, options.step_repeat)
 

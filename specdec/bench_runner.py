@@ -96,13 +96,13 @@ def forward_sweep(model_spec: str, sizes: tuple[int, ...], dtype: str = "bfloat1
     """The runner's forward time by tokens per forward (one sequence): how a verify of k + 1 tokens,
     or a draft forward with lookup guesses, grows with k. `as_draft` builds the runner as the
     drafters do (specdec.build.DraftOptions: int8 weights, vocabulary subset)."""
-    from specdec.build import make_model_drafter
+    from specdec.build import make_draft_runner
 
     if threads:
         torch.set_num_threads(threads)
     loaded = load_model(model_spec, dtype=dtype)
     max_len = context_len + max(sizes) + 1
-    runner = make_model_drafter(loaded, 1, max_len).runner if as_draft else ModelRunner(loaded.model, 1, max_len)
+    runner = make_draft_runner(loaded, 1, max_len) if as_draft else ModelRunner(loaded.model, 1, max_len)
     context = list(range(100, 100 + context_len))
     with torch.inference_mode():
         ms = {n: _runner_case(runner, 1, context, n, repeat) for n in sizes}

@@ -50,16 +50,26 @@ def frequency_ranked_vocab(tokenizer, n: int) -> list[int]:
     return sorted(set(range(min(n, len(tokenizer)))) | set(specials))
 
 
-def make_model_drafter(draft: LoadedModel, num_slots: int, max_len: int,
-                       options: DraftOptions | None = None) -> ModelDrafter:
+def make_draft_runner(draft: LoadedModel, num_slots: int, max_len: int,
+                      options: DraftOptions | None = None) -> ModelRunner:
     options = options or DraftOptions()
     vocab = None
     if options.vocab and options.vocab < draft.model.config.vocab_size:
         vocab = frequency_ranked_vocab(draft.tokenizer, options.vocab)
-    runner = ModelRunner(draft.model, num_slots=num_slots, max_len=max_len,
-                         weight_quant=options.quant, vocab_subset=vocab)
+    return ModelRunner(draft.model, num_slots=num_slots, max_len=max_len,
+                       weight_quant=options.quant, vocab_subset=vocab)
+
+
+def model_drafter_on(runner: ModelRunner, options: DraftOptions | None = None) -> ModelDrafter:
+    """A drafter on a draft runner; several may share one runner if they run one at a time."""
+    options = options or DraftOptions()
     # Lookup guesses need a match of two tokens or more: a one-token match is mostly noise.
     return ModelDrafter(runner, lookup=NgramDrafter(min_ngram=2) if options.lookup else None)
+
+
+def make_model_drafter(draft: LoadedModel, num_slots: int, max_len: int,
+                       options: DraftOptions | None = None) -> ModelDrafter:
+    return model_drafter_on(make_draft_runner(draft, num_slots, max_len, options), options)
 
 
 def make_drafter(spec: str | None, target: LoadedModel, dtype: str, device: str,

@@ -38,6 +38,16 @@ class Drafter(Protocol):
     def release(self, request_id: str) -> None: ...
 
 
+def propose_within_k(drafter: Drafter, inputs: Sequence[DraftInput]) -> list[Draft]:
+    """`drafter.propose`, each draft cut to its input's k: a drafter may return fewer, never more."""
+    drafts = drafter.propose(inputs)
+    for inp, draft in zip(inputs, drafts):
+        del draft.tokens[inp.k:]
+        if draft.probs is not None:
+            del draft.probs[inp.k:]
+    return drafts
+
+
 class NoDrafter:
     """Target-only decoding through the same loop (k = 0)."""
 

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from specdec.drafters import DraftInput, Drafter, NoDrafter
+from specdec.drafters import DraftInput, Drafter, NoDrafter, propose_within_k
 from specdec.params import InvalidParams, SamplingParams, choose_mode
 from specdec.runner import ModelRunner
 from specdec.scheduler import CostMeter, KPolicy, RequestState, RequestStats, new_request
@@ -98,12 +98,8 @@ class SpecEngine:
         max_len = self.target.max_len
         inputs = [DraftInput(r.id, r.tokens, r.params, r.mode, r.next_k(max_len, self.cost.per_token)) for r in batch]
         t0 = time.perf_counter()
-        drafts = self.drafter.propose(inputs)
+        drafts = propose_within_k(self.drafter, inputs)
         t1 = time.perf_counter()
-        for inp, draft in zip(inputs, drafts):  # a drafter may return fewer tokens, never more
-            del draft.tokens[inp.k:]
-            if draft.probs is not None:
-                del draft.probs[inp.k:]
         results = self.verifier.verify([VerifyItem(r.id, r.tokens, r.params, r.mode, d)
                                         for r, d in zip(batch, drafts)])
         if all(r.generated for r in batch):  # a first round holds the drafter's prefill: not a step
