@@ -7,7 +7,7 @@ DRAFT ?= qwen2.5-coder-0.5b-instruct
 export RAY_AUTH_MODE := disabled
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install dev serve test bench clean-venv
+.PHONY: install dev serve test lint bench clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,13 @@ serve: install
 	$(BIN)/specdec models prepare $(TARGET) $(DRAFT)
 	$(BIN)/specdec serve --target $(TARGET) --draft $(DRAFT)
 
-test: dev
+# Style and the layers' import contracts (pyproject.toml) before the suite.
+lint: dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+test: lint
 	$(BIN)/specdec models prepare smollm2-135m-instruct
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 

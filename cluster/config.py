@@ -10,7 +10,7 @@ YAML (see ``configs/default.yaml``)::
 ``ray.address`` null starts an embedded local Ray cluster in the serving process (logical CPUs
 and the custom resources ``draft_gpu`` / ``target_gpu`` sized for the pools); "auto" joins the
 running cluster (``ray up`` / ``ray start``). Worker keys other than replicas / placement / name /
-tokenizer go to :class:`specdec.rpc.serving.WorkerConfig`.
+tokenizer go to :class:`specdec.rpc.worker_config.WorkerConfig`.
 
 Torch-free and Ray-free: the CLI parses and validates a config before starting anything.
 """
@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from router.config import RouterConfig
-from specdec.rpc.serving import WorkerConfig, strict_from_dict
+from specdec.rpc.worker_config import WorkerConfig, strict_from_dict
 
 __all__ = ["PoolConfig", "RayConfig", "ServeConfig", "load_config", "DEFAULT_CONFIG", "default_threads"]
 
@@ -41,13 +41,11 @@ def default_threads(role: str, cores: int | None = None, pipelined: bool = False
 
     The draft and the target worker are separate processes on one machine (the embedded default).
     When rounds alternate (no pre-drafting, one micro-batch: the default), only one of them computes
-    at a time, so each gets every core: measured on the 2-core machine (`specdec bench serve`,
-    humaneval:3, 64 tokens, c=1), 2 threads each gave 10.5 tok/s against 6.5 with one core each, and
-    plain decoding 4.2 against 2.6 (bench/NOTES.md). When drafting overlaps the verify
-    (``router.predraft`` or ``router.micro_batches`` > 1) the cores are split instead, never
-    oversubscribed: two OpenMP teams on the same cores wait on each other's descheduled threads (a
-    179-token prefill took 3x longer): the drafter gets 1 core (2 above 4 cores), the target the
-    rest. Set ``threads`` in the config to override, e.g. for several replicas on one machine.
+    at a time, so each gets every core (faster than splitting them: bench/NOTES.md). When drafting
+    overlaps the verify (``router.predraft`` or ``router.micro_batches`` > 1) the cores are split
+    instead, never oversubscribed: two OpenMP teams on the same cores wait on each other's
+    descheduled threads (figures in bench/NOTES.md): the drafter gets 1 core (2 above 4 cores), the
+    target the rest. Set ``threads`` in the config to override, e.g. for several replicas on one machine.
     """
     cores = cores or os.cpu_count() or 1
     if not pipelined:
@@ -87,8 +85,13 @@ class PoolConfig:
             raise ValueError(f"{role}.replicas must be an integer >= 1 (got {replicas!r})")
         if role == "target" and worker.model.lower() == "ngram":
             raise ValueError("target.model: a target needs a model, not 'ngram'")
-        return cls(worker=worker, replicas=replicas, placement=pool.get("placement"), name=pool.get("name"),
-                    tokenizer=pool.get("tokenizer"))
+        return cls(
+            worker=worker,
+            replicas=replicas,
+            placement=pool.get("placement"),
+            name=pool.get("name"),
+            tokenizer=pool.get("tokenizer"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = self.worker.to_dict()
@@ -152,9 +155,16 @@ def _set_model(section: dict, model: str) -> None:
     section.pop("tokenizer", None)
 
 
-def load_config(path: str | Path | None = None, *, target: str | None = None, draft: str | None = None,
-                dtype: str | None = None, port: int | None = None, metrics_port: int | None = None,
-                address: str | None = None) -> ServeConfig:
+def load_config(
+    path: str | Path | None = None,
+    *,
+    target: str | None = None,
+    draft: str | None = None,
+    dtype: str | None = None,
+    port: int | None = None,
+    metrics_port: int | None = None,
+    address: str | None = None,
+) -> ServeConfig:
     """Read the YAML (default ``configs/default.yaml``) and apply command-line overrides.
 
     ``draft`` "none" removes the draft pool (the router can still draft with n-grams); ``dtype``
@@ -179,8 +189,11 @@ def load_config(path: str | Path | None = None, *, target: str | None = None, dr
             raw["draft"] = None
         else:
             if not raw.get("draft"):  # no draft pool in the file: size it like the target
-                raw["draft"] = {k: v for k, v in raw["target"].items()
-                                if k not in ("name", "tokenizer", "placement", "threads", "replicas")}
+                raw["draft"] = {
+                    k: v
+                    for k, v in raw["target"].items()
+                    if k not in ("name", "tokenizer", "placement", "threads", "replicas")
+                }
             _set_model(raw["draft"], draft)
     if dtype is not None:
         for section in ("target", "draft"):

@@ -60,7 +60,7 @@ class Deployment:
 
 def check_models(cfg: ServeConfig) -> None:
     """Fail before starting anything when a model pack is not prepared (PackNotReady says how)."""
-    from specdec import packs
+    from specdec.core import packs
 
     for pool in (cfg.target, cfg.draft):
         if pool is not None and pool.worker.model in packs.PACKS:
@@ -97,8 +97,14 @@ def start_ray(cfg: ServeConfig) -> bool:
     resources = dict(rc.resources) if rc.resources else _default_resources(cfg)
     log.info("starting an embedded Ray cluster: %d logical CPUs, resources %s", num_cpus, resources)
     system = {"worker_niceness": rc.worker_niceness} if rc.worker_niceness is not None else None
-    ray.init(address="local", num_cpus=num_cpus, resources=resources, namespace=rc.namespace,
-             include_dashboard=rc.include_dashboard, _system_config=system)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        resources=resources,
+        namespace=rc.namespace,
+        include_dashboard=rc.include_dashboard,
+        _system_config=system,
+    )
     return True
 
 
@@ -117,8 +123,10 @@ def _wait_ready(handles: list, role: str, timeout: float) -> list[str]:
     try:
         return ray.get([h.address.remote() for h in handles], timeout=timeout)
     except GetTimeoutError:
-        raise RuntimeError(f"{role} workers did not start within {timeout:.0f} s (not enough "
-                           f"resources for their placement? see `ray status`)") from None
+        raise RuntimeError(
+            f"{role} workers did not start within {timeout:.0f} s (not enough "
+            f"resources for their placement? see `ray status`)"
+        ) from None
     except RayActorError as exc:
         raise RuntimeError(f"a {role} worker failed to start: {exc}") from None
 
@@ -144,13 +152,15 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
         bindings = []
         for i, t in enumerate(dep.targets):
             d = dep.drafts[i % len(dep.drafts)] if dep.drafts else None
-            bindings.append(TargetBinding(
-                model=cfg.target.model_name,
-                target=ActorEndpoint(t, name=f"target-{i}"),
-                draft=ActorEndpoint(d, name=f"draft-{i % len(dep.drafts)}") if d is not None else None,
-                draft_model=cfg.draft.model_name if cfg.draft else None,
-                tokenizer=cfg.target.tokenizer or cfg.target.worker.model,
-            ))
+            bindings.append(
+                TargetBinding(
+                    model=cfg.target.model_name,
+                    target=ActorEndpoint(t, name=f"target-{i}"),
+                    draft=ActorEndpoint(d, name=f"draft-{i % len(dep.drafts)}") if d is not None else None,
+                    draft_model=cfg.draft.model_name if cfg.draft else None,
+                    tokenizer=cfg.target.tokenizer or cfg.target.worker.model,
+                )
+            )
         dep.router = RouterThread(bindings, cfg.router).start(connect_timeout)
     except BaseException:
         dep.stop(grace=0)
@@ -173,8 +183,9 @@ def serve(cfg: ServeConfig, *, ready: Any = None) -> int:
         for s in previous:  # Ray may have installed its own handlers while starting
             signal.signal(s, _on_signal)
         metrics = dep.metrics_port
-        msg = (f"specdec serving specdec.v1.Generation on {dep.address}"
-               + (f", metrics on http://{cfg.router.metrics_host}:{metrics}/metrics" if metrics else ""))
+        msg = f"specdec serving specdec.v1.Generation on {dep.address}" + (
+            f", metrics on http://{cfg.router.metrics_host}:{metrics}/metrics" if metrics else ""
+        )
         log.info(msg)
         if ready is not None:
             ready(dep)

@@ -1,7 +1,7 @@
 """The draft worker: a small model (or n-gram) drafter that proposes tokens for the target.
 
 * :mod:`draft_worker.servicer`: ``DraftServicer`` (specdec.v1.DraftService) over a
-  :class:`specdec.drafters.ModelDrafter` or :class:`specdec.drafters.NgramProposer`.
+  :class:`specdec.core.drafters.ModelDrafter` or :class:`specdec.core.drafters.NgramProposer`.
 * :mod:`draft_worker.actor`: the ``DraftWorker`` Ray actor and :func:`spawn_draft_worker`.
 * ``python -m draft_worker --model ...``: the same server without Ray.
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from specdec.rpc.serving import WorkerConfig, worker_main
+from specdec.rpc.worker_config import WorkerConfig
+from specdec.rpc.worker_host import worker_main
 
 
 def _make(config: WorkerConfig):
@@ -18,7 +19,9 @@ def _make(config: WorkerConfig):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return worker_main(argv, "draft", "Serve a draft model or the n-gram drafter (specdec.v1.DraftService) over gRPC.", _make)
+    return worker_main(
+        argv, "draft", "Serve a draft model or the n-gram drafter (specdec.v1.DraftService) over gRPC.", _make
+    )
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ DraftService over gRPC on its node.
 Contract (the router / launcher side), the same shape as the target worker's:
 
 * ``spawn_draft_worker(config, placement=None, name=None, max_restarts=-1)`` -> actor handle.
-  ``config`` is a :class:`specdec.rpc.serving.WorkerConfig` dict (model or "ngram", dtype, device,
+  ``config`` is a :class:`specdec.rpc.worker_config.WorkerConfig` dict (model or "ngram", dtype, device,
   num_slots, max_len, host, port, threads, top_k_sent, ...); ``placement`` picks the node (see
-  :func:`specdec.rpc.serving.actor_options`; default ``{"resources": {"draft_gpu": 1}}``).
+  :func:`specdec.rpc.worker_host.actor_options`; default ``{"resources": {"draft_gpu": 1}}``).
 * ``handle.address.remote()`` -> "host:port"; ``info.remote()`` -> dict (WorkerInfo fields +
   address, pid, started_at, restarted, node_ip); ``pid.remote()``; ``drain.remote()``;
   ``shutdown.remote(grace)``.
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 
-from specdec.rpc.serving import WorkerConfig, WorkerHost, actor_options
+from specdec.rpc.worker_config import WorkerConfig
+from specdec.rpc.worker_host import WorkerHost, actor_options
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +41,24 @@ class DraftWorker(WorkerHost):
 
         cfg = WorkerConfig.from_dict(config)
         self.servicer = build_draft_servicer(cfg)
-        super().__init__(cfg, [(worker_pb2_grpc.add_DraftServiceServicer_to_server, self.servicer, SERVICE_NAME)],
-                         self.servicer)
+        super().__init__(
+            cfg, [(worker_pb2_grpc.add_DraftServiceServicer_to_server, self.servicer, SERVICE_NAME)], self.servicer
+        )
 
 
-def spawn_draft_worker(config: dict | WorkerConfig, placement: dict | None = None, name: str | None = None,
-                       max_restarts: int = -1, max_task_retries: int = 3):
+def spawn_draft_worker(
+    config: dict | WorkerConfig,
+    placement: dict | None = None,
+    name: str | None = None,
+    max_restarts: int = -1,
+    max_task_retries: int = 3,
+):
     """Create a DraftWorker actor placed by ``placement``; returns the handle (not yet ready:
     ``ray.get(handle.address.remote())`` waits for the drafter to load)."""
     import ray
 
     cfg = WorkerConfig.from_dict(config)  # fail here, not in the actor, on a bad config
-    opts = actor_options(placement, DEFAULT_RESOURCES, name=name, max_restarts=max_restarts,
-                         max_task_retries=max_task_retries)
+    opts = actor_options(
+        placement, DEFAULT_RESOURCES, name=name, max_restarts=max_restarts, max_task_retries=max_task_retries
+    )
     return ray.remote(DraftWorker).options(**opts).remote(cfg.to_dict())

@@ -1,7 +1,7 @@
 """specdec.v1.DraftService over a drafter: Propose, Release, Info.
 
-A thin shell over :class:`specdec.drafters.ModelDrafter` (a draft model on the runner) or
-:class:`specdec.drafters.NgramProposer` (model "ngram": no model, no KV slots). Messages are
+A thin shell over :class:`specdec.core.drafters.ModelDrafter` (a draft model on the runner) or
+:class:`specdec.core.drafters.NgramProposer` (model "ngram": no model, no KV slots). Messages are
 validated before the drafter runs; one lock serialises the model. The drafter keeps its caches by
 request id and rebuilds them from the committed tokens in every call. When it has no free slot it
 proposes nothing for that sequence (an empty draft: the round verifies with k = 0).
@@ -13,11 +13,12 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from specdec.drafters import DraftInput, Drafter, ModelDrafter, propose_within_k
-from specdec.params import InvalidParams
+from specdec.core.drafters import Drafter, DraftInput, ModelDrafter, propose_within_k
+from specdec.core.params import InvalidParams
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import draft_to_proto, sequence_from_proto
-from specdec.rpc.serving import WorkerConfig, rpc_method
+from specdec.rpc.errors import rpc_method
+from specdec.rpc.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,18 @@ __all__ = ["SERVICE_NAME", "NGRAM", "DraftServicer", "build_draft_servicer"]
 class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
     """``vocab_size`` / ``max_context`` None: no model (n-gram), ids only need to be >= 0."""
 
-    def __init__(self, drafter: Drafter, *, model_name: str, dtype: str, device: str,
-                 vocab_size: int | None, max_context: int, num_slots: int, eos_token_ids: Iterable[int] = ()):
+    def __init__(
+        self,
+        drafter: Drafter,
+        *,
+        model_name: str,
+        dtype: str,
+        device: str,
+        vocab_size: int | None,
+        max_context: int,
+        num_slots: int,
+        eos_token_ids: Iterable[int] = (),
+    ):
         self.drafter = drafter
         self.runner = getattr(drafter, "runner", None)
         self.model_name, self.dtype, self.device = model_name, dtype, device
@@ -49,9 +60,14 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
 
     def info_dict(self) -> dict:
         return {
-            "model": self.model_name, "role": "draft", "dtype": self.dtype, "device": self.device,
-            "max_context": self.max_context, "vocab_size": self.vocab_size or 0,
-            "num_slots": self.num_slots, "free_slots": self.free_slots,
+            "model": self.model_name,
+            "role": "draft",
+            "dtype": self.dtype,
+            "device": self.device,
+            "max_context": self.max_context,
+            "vocab_size": self.vocab_size or 0,
+            "num_slots": self.num_slots,
+            "free_slots": self.free_slots,
             "eos_token_ids": list(self.eos_token_ids),
         }
 
@@ -89,29 +105,47 @@ def build_draft_servicer(config: WorkerConfig | dict) -> DraftServicer:
     """A DraftServicer for ``config``: the n-gram drafter for model "ngram", else the model on a runner."""
     cfg = WorkerConfig.from_dict(config)
     if cfg.model.lower() == NGRAM:
-        from specdec.drafters import NgramProposer
+        from specdec.core.drafters import NgramProposer
 
         log.info("draft worker: n-gram drafter (n %d..%d)", cfg.min_ngram, cfg.max_ngram)
-        return DraftServicer(NgramProposer(max_ngram=cfg.max_ngram, min_ngram=cfg.min_ngram), model_name=NGRAM,
-                             dtype="", device="cpu", vocab_size=None, max_context=cfg.max_len,
-                             num_slots=cfg.num_slots)
+        return DraftServicer(
+            NgramProposer(max_ngram=cfg.max_ngram, min_ngram=cfg.min_ngram),
+            model_name=NGRAM,
+            dtype="",
+            device="cpu",
+            vocab_size=None,
+            max_context=cfg.max_len,
+            num_slots=cfg.num_slots,
+        )
     import torch
 
-    from specdec.build import DraftOptions, make_model_drafter
-    from specdec.models import load_model
+    from specdec.core.build import make_model_drafter
+    from specdec.core.draft_options import draft_options_from_dict
+    from specdec.core.models import load_model
 
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    try:
-        options = DraftOptions(**(cfg.draft_options or {}))
-    except TypeError as exc:
-        raise ValueError(f"worker config 'draft_options': {exc}") from None
+    options = draft_options_from_dict(cfg.draft_options)
     loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     drafter: ModelDrafter = make_model_drafter(loaded, cfg.num_slots, cfg.max_len, options)
     drafter.top_k_sent = cfg.top_k_sent
     runner = drafter.runner
-    log.info("draft worker: %s (%s, %s, %s), %d slots x %d tokens", cfg.model, cfg.dtype, loaded.device, options,
-             cfg.num_slots, cfg.max_len)
-    return DraftServicer(drafter, model_name=cfg.model, dtype=cfg.dtype, device=loaded.device.type,
-                         vocab_size=runner.vocab_size, max_context=cfg.max_len, num_slots=cfg.num_slots,
-                         eos_token_ids=loaded.eos_token_ids)
+    log.info(
+        "draft worker: %s (%s, %s, %s), %d slots x %d tokens",
+        cfg.model,
+        cfg.dtype,
+        loaded.device,
+        options,
+        cfg.num_slots,
+        cfg.max_len,
+    )
+    return DraftServicer(
+        drafter,
+        model_name=cfg.model,
+        dtype=cfg.dtype,
+        device=loaded.device.type,
+        vocab_size=runner.vocab_size,
+        max_context=cfg.max_len,
+        num_slots=cfg.num_slots,
+        eos_token_ids=loaded.eos_token_ids,
+    )

@@ -7,7 +7,7 @@
 * :mod:`router.service`: the grpc.aio servicer. :mod:`router.validate`: request checks.
 * :mod:`router.workers`: endpoints (Ray actor handles or fixed addresses) and worker clients.
 * :mod:`router.metrics`: Prometheus series. :mod:`router.detok`: text from token ids.
-* :mod:`router.bench_serve`: ``specdec bench serve``.
+* :mod:`specdec.bench.serve`: ``specdec bench serve``.
 
 Rules of the house: no torch (not even transitively), no Ray import, never draft_worker /
 target_worker; the router moves token ids and small sparse distributions only.

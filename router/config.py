@@ -10,12 +10,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec.rpc.serving import strict_from_dict
-from specdec.scheduler import KPolicy
+from specdec.core.request_state import KPolicy
+from specdec.rpc.worker_config import strict_from_dict
 
-__all__ = ["RouterConfig", "SPEC_MODES", "kpolicy_from_dict"]
-
-SPEC_MODES = ("off", "draft", "ngram", "auto")
+__all__ = ["RouterConfig", "kpolicy_from_dict"]
 
 
 def kpolicy_from_dict(d: dict | KPolicy | None) -> KPolicy:

@@ -25,9 +25,9 @@ class TokenizerNotFound(FileNotFoundError):
 def resolve_model_dir(spec: str | Path) -> Path:
     """The local folder holding a model's tokenizer: a pack name, a folder, or a .gguf's folder.
 
-    Pack names resolve through :func:`specdec.packs.resolve_pack` (torch-free).
+    Pack names resolve through :func:`specdec.core.packs.resolve_pack` (torch-free).
     """
-    from specdec import packs
+    from specdec.core import packs
 
     s = str(spec)
     if s in packs.PACKS:
@@ -45,9 +45,18 @@ def resolve_model_dir(spec: str | Path) -> Path:
 
 def _clean_up_tokenization(text: str) -> str:
     # transformers' PreTrainedTokenizerBase.clean_up_tokenization
-    return (text.replace(" .", ".").replace(" ?", "?").replace(" !", "!").replace(" ,", ",")
-            .replace(" ' ", "'").replace(" n't", "n't").replace(" 'm", "'m").replace(" 's", "'s")
-            .replace(" 've", "'ve").replace(" 're", "'re"))
+    return (
+        text.replace(" .", ".")
+        .replace(" ?", "?")
+        .replace(" !", "!")
+        .replace(" ,", ",")
+        .replace(" ' ", "'")
+        .replace(" n't", "n't")
+        .replace(" 'm", "'m")
+        .replace(" 's", "'s")
+        .replace(" 've", "'ve")
+        .replace(" 're", "'re")
+    )
 
 
 class Detokenizer:

@@ -18,8 +18,8 @@ Series:
 * ``specdec_round_phase_seconds{phase}``: where a round's time goes: ``draft_wait`` (the round
   blocked on its drafts), ``verify`` (the Verify RPC, wall), ``rpc`` (gRPC and queueing part of the
   Verify call: wall minus the worker's own compute time when the worker reports it, see
-  :data:`router.workers.COMPUTE_METADATA_KEY`; absent otherwise), ``router`` (the rest: commit, stops, detokenisation), ``round``
-  (the whole round).
+  :data:`router.workers.COMPUTE_METADATA_KEY`; absent otherwise), ``router`` (the rest: commit, stops,
+  detokenisation), ``round`` (the whole round).
 * ``specdec_fail_open_rounds_total{reason}``: rounds verified with k = 0 because the draft was
   late (``deadline``) or its worker unavailable (``unavailable``).
 * ``specdec_predraft_total{result}``: pre-drafts used (``hit``) or discarded (``miss``).
@@ -37,8 +37,27 @@ log = logging.getLogger(__name__)
 __all__ = ["Metrics"]
 
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
-                    10.0, 30.0, 60.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _MAX_POSITIONS = 16
@@ -50,35 +69,59 @@ class Metrics:
         self.requests = Counter("specdec_requests", "Finished requests by outcome", ["outcome"], registry=r)
         self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generated_tokens = Counter("specdec_generated_tokens", "Generated (committed) tokens", registry=r)
-        self.ttft = Histogram("specdec_time_to_first_token_seconds", "Time from arrival to the first token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("specdec_time_per_output_token_seconds",
-                              "Mean time per output token after the first, per request",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.duration = Histogram("specdec_request_duration_seconds", "Time from arrival to the last token",
-                                  buckets=_DURATION_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "specdec_time_to_first_token_seconds",
+            "Time from arrival to the first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "specdec_time_per_output_token_seconds",
+            "Mean time per output token after the first, per request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "specdec_request_duration_seconds",
+            "Time from arrival to the last token",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("specdec_queue_depth", "Requests waiting for a batch slot", registry=r)
         self.running = Gauge("specdec_running_requests", "Requests being decoded", registry=r)
         self.rounds = Counter("specdec_rounds", "Speculation rounds (one Verify per micro-batch)", registry=r)
-        self.batch_size = Histogram("specdec_round_batch_size", "Requests per round", buckets=_BATCH_BUCKETS,
-                                    registry=r)
+        self.batch_size = Histogram(
+            "specdec_round_batch_size", "Requests per round", buckets=_BATCH_BUCKETS, registry=r
+        )
         self.drafted = Counter("specdec_drafted_tokens", "Draft tokens sent for verification", registry=r)
         self.accepted = Counter("specdec_accepted_tokens", "Draft tokens accepted by the target", registry=r)
-        self.drafted_pos = Counter("specdec_drafted_tokens_by_position",
-                                   "Draft tokens sent, by position in the draft (0-based)", ["position"],
-                                   registry=r)
-        self.accepted_pos = Counter("specdec_accepted_tokens_by_position",
-                                    "Draft tokens accepted, by position in the draft (0-based)", ["position"],
-                                    registry=r)
+        self.drafted_pos = Counter(
+            "specdec_drafted_tokens_by_position",
+            "Draft tokens sent, by position in the draft (0-based)",
+            ["position"],
+            registry=r,
+        )
+        self.accepted_pos = Counter(
+            "specdec_accepted_tokens_by_position",
+            "Draft tokens accepted, by position in the draft (0-based)",
+            ["position"],
+            registry=r,
+        )
         self.acceptance = Gauge("specdec_acceptance_rate", "Accepted / drafted tokens since start", registry=r)
-        self.phase = Histogram("specdec_round_phase_seconds", "Round time by phase", ["phase"],
-                               buckets=_LATENCY_BUCKETS, registry=r)
-        self.fail_open = Counter("specdec_fail_open_rounds", "Request-rounds verified with k = 0 because the "
-                                 "draft was late or its worker unavailable", ["reason"], registry=r)
+        self.phase = Histogram(
+            "specdec_round_phase_seconds", "Round time by phase", ["phase"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.fail_open = Counter(
+            "specdec_fail_open_rounds",
+            "Request-rounds verified with k = 0 because the draft was late or its worker unavailable",
+            ["reason"],
+            registry=r,
+        )
         self.predraft = Counter("specdec_predraft", "Pre-drafts used or discarded", ["result"], registry=r)
         self.worker_up = Gauge("specdec_worker_up", "1 while a worker answers", ["role", "worker"], registry=r)
-        self.worker_restarts = Counter("specdec_worker_restarts", "Workers that came back on a new address",
-                                       ["role"], registry=r)
+        self.worker_restarts = Counter(
+            "specdec_worker_restarts", "Workers that came back on a new address", ["role"], registry=r
+        )
         self._drafted_n = 0
         self._accepted_n = 0
         self._server = None

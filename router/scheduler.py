@@ -1,7 +1,7 @@
 """The router's scheduler for one target worker: continuous batching, pipelined rounds, fail open.
 
 Every request (a :class:`Job`) owns its committed tokens in a core
-:class:`specdec.scheduler.RequestState` (DESIGN.md invariant 1): workers only ever see
+:class:`specdec.core.request_state.RequestState` (DESIGN.md invariant 1): workers only ever see
 ``Sequence(tokens=committed)`` and rebuild their caches from it.
 
 Rounds. A round takes a micro-batch of running jobs, gets their drafts (the draft worker's
@@ -13,107 +13,58 @@ micro-batches. The worker clients serialise their batch RPCs, so with two lanes 
 alternate: while the target verifies micro-batch A, the drafter drafts for B, and the other way
 round. Jobs are not pinned to a lane: a lane starting a round takes up to its share of the jobs
 that are not in flight; new jobs join at the next round (continuous batching). With
-``predraft`` the drafter also drafts round r+1 of a micro-batch while the target verifies round r,
-on the guess that all of round r's draft is accepted and the target's bonus token is the
-drafter's own next token; the pre-draft is used when the guess proves right and discarded
-otherwise (PEARL-style).
+``predraft`` the drafter also drafts round r+1 while the target verifies round r
+(:mod:`router.drafting`).
 
 Fail open (invariant 4). Drafts have a deadline (``draft_deadline_s``): a late draft, a failed
 ``Propose`` or a draft worker that is down makes the round verify with k = 0 for those jobs (plain
 decoding on the target; counted in ``fail_open_rounds``). The worker client re-resolves a lost
 drafter in the background (a restarted Ray actor has a new port) and speculation resumes when it
-answers again. A target failure makes the round wait for the target to come back (bounded by
-``recovery_timeout_s``) and replays it: the committed tokens did not change, so the request
-completes unchanged.
+answers again. A target failure makes the round wait for the target to come back and replays it
+(:mod:`router.target_link`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import grpc
 
-from specdec.ngram import NgramDrafter
-from specdec.params import SamplingParams, VerifyMode
-from specdec.rpc import worker_pb2
-from specdec.rpc.convert import draft_from_proto, draft_to_proto, sequence_to_proto
-from specdec.rpc.serving import RpcStatusError
-from specdec.scheduler import CostMeter, KPolicy, RequestState, new_request
-from specdec.verify import Draft
-
 from router.config import RouterConfig
+from router.drafting import DraftSource
+from router.jobs import Chunk, Job, QueueFull, next_job_key
 from router.metrics import Metrics
+from router.target_link import TargetLink
 from router.workers import WorkerClient, WorkerUnavailable
+from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.request_state import CostMeter, KPolicy, new_request
+from specdec.core.round_types import Draft
+from specdec.rpc import worker_pb2
+from specdec.rpc.convert import draft_to_proto, sequence_to_proto
+from specdec.rpc.errors import RpcStatusError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Chunk", "Job", "TargetScheduler", "QueueFull"]
 
-_ids = itertools.count()
-
-
-class QueueFull(RpcStatusError):
-    def __init__(self, message: str) -> None:
-        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
-
-
-@dataclass
-class Chunk:
-    """What a round committed for one job; the last one has ``finish_reason`` set."""
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None = None
-
-
-@dataclass
-class PreDraft:
-    base: int  # len(tokens) + len(draft) the pre-draft continued from
-    draft: list[int]  # the draft it assumed accepted
-    task: asyncio.Task  # -> list[worker_pb2.Draft]
-    index: int  # this job's position in the task's result
-
-
-@dataclass(eq=False)
-class Job:
-    key: str  # worker cache key (unique per router)
-    request_id: str  # the caller's id (echoed)
-    state: RequestState
-    spec: str  # off | draft | ngram (resolved)
-    auto: bool
-    deadline: float | None  # time.monotonic() deadline
-    t_arrival: float = field(default_factory=time.monotonic)
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    t_first: float | None = None
-    t_last: float | None = None
-    emitted: int = 0  # characters of text sent
-    in_flight: bool = False
-    cancelled: str | None = None  # "cancelled" | "deadline" while a round is in flight
-    done: bool = False
-    outcome: str | None = None
-    predraft: PreDraft | None = None
-    used_draft: bool = False
-
-    @property
-    def params(self) -> SamplingParams:
-        return self.state.params
-
-    @property
-    def mode(self) -> VerifyMode:
-        return self.state.mode
-
 
 class TargetScheduler:
     """Queue, running set and round lanes of one target worker (with its draft worker, if any)."""
 
-    def __init__(self, name: str, target: WorkerClient, draft: WorkerClient | None, config: RouterConfig,
-                 metrics: Metrics, decode: Callable[[list[int]], str]):
+    def __init__(
+        self,
+        name: str,
+        target: WorkerClient,
+        draft: WorkerClient | None,
+        config: RouterConfig,
+        metrics: Metrics,
+        decode: Callable[[list[int]], str],
+    ):
         self.name = name
         self.target = target
         self.draft = draft
@@ -129,16 +80,14 @@ class TargetScheduler:
         self.capacity = min(int(info.num_slots), config.max_batch or int(info.num_slots))
         if draft is not None and draft.info is not None:
             self.capacity = min(self.capacity, int(draft.info.num_slots))
-        self.ngram = NgramDrafter(max_ngram=config.ngram_max, min_ngram=config.ngram_min)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self._wake = asyncio.Event()
         self._closing = False
         self._lanes: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
-        self.target_down_since: float | None = None
-        self._late: asyncio.Task | None = None  # a Propose that missed its deadline, still running
-        self._verify_ema: float | None = None  # recent Verify wall time (s), for the draft deadline
+        self.link = TargetLink(name, target, config)
+        self.drafting = DraftSource(draft, config, metrics, self.vocab_size, self.max_context, self._spawn)
         # c = draft step / target step as this pipeline sees it (the time a round waits per draft
         # step over its verify time), for the adaptive k; pre-draft hits make drafting look free.
         self.cost = CostMeter(c=config.k_policy.cost_ratio)
@@ -146,8 +95,9 @@ class TargetScheduler:
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._lanes = [loop.create_task(self._lane(i), name=f"{self.name}-lane{i}")
-                       for i in range(self.cfg.micro_batches)]
+        self._lanes = [
+            loop.create_task(self._lane(i), name=f"{self.name}-lane{i}") for i in range(self.cfg.micro_batches)
+        ]
 
     @property
     def load(self) -> int:
@@ -185,22 +135,32 @@ class TargetScheduler:
             await asyncio.wait(list(self._bg), timeout=5.0)
 
     # ---- admission -----------------------------------------------------------------------------
-    def new_job(self, request_id: str, prompt_ids: list[int], params: SamplingParams, mode: VerifyMode,
-                spec: str, k: int | None, deadline: float | None) -> Job:
+    def new_job(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        mode: VerifyMode,
+        spec: str,
+        k: int | None,
+        deadline: float | None,
+    ) -> Job:
         auto = spec == "auto"
         if auto:
             spec = self.cfg.default_mode
             if spec == "draft" and self.draft is None:
                 spec = "ngram"
         if spec == "draft" and self.draft is None:
-            raise RpcStatusError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 "speculation.mode: this deployment has no draft model; use NGRAM, OFF or AUTO")
+            raise RpcStatusError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "speculation.mode: this deployment has no draft model; use NGRAM, OFF or AUTO",
+            )
         policy = self.cfg.k_policy
         if spec == "off":
             policy = KPolicy(k=0)
         elif k is not None:
             policy = KPolicy(k=min(k, policy.k_max), adaptive=False)
-        key = f"{request_id or 'req'}#{next(_ids)}"
+        key = next_job_key(request_id)
         state = new_request(key, prompt_ids, params, mode, policy, self.eos_token_ids, self.decode)
         return Job(key=key, request_id=request_id, state=state, spec=spec, auto=auto, deadline=deadline)
 
@@ -209,8 +169,9 @@ class TargetScheduler:
             raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
         self._admit()
         if len(self.waiting) >= self.cfg.max_queue:
-            raise QueueFull(f"the request queue is full ({len(self.waiting)} waiting, {len(self.running)} "
-                            "running); retry later")
+            raise QueueFull(
+                f"the request queue is full ({len(self.waiting)} waiting, {len(self.running)} running); retry later"
+            )
         self.waiting.append(job)
         self.metrics.queue_depth.inc()
         self.metrics.prompt_tokens.inc(len(job.state.prompt_ids))
@@ -236,9 +197,13 @@ class TargetScheduler:
             job = self.waiting.popleft()
             self.metrics.queue_depth.dec()
             if not job.done:
-                self._fail(job, RpcStatusError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                               "the deadline passed while the request was queued"),
-                           outcome="deadline_exceeded")
+                self._fail(
+                    job,
+                    RpcStatusError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed while the request was queued"
+                    ),
+                    outcome="deadline_exceeded",
+                )
         while self.waiting and len(self.running) < self.capacity and not self._closing:
             job = self.waiting.popleft()
             self.metrics.queue_depth.dec()
@@ -251,8 +216,11 @@ class TargetScheduler:
         self._admit()
         now = time.monotonic()
         for job in [j for j in self.running if not j.in_flight and j.deadline is not None and j.deadline <= now]:
-            self._fail(job, RpcStatusError(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed"),
-                       outcome="deadline_exceeded")
+            self._fail(
+                job,
+                RpcStatusError(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed"),
+                outcome="deadline_exceeded",
+            )
         ready = [j for j in self.running if not j.in_flight and not j.done]
         if not ready:
             return []
@@ -290,8 +258,9 @@ class TargetScheduler:
                         if job.cancelled == "shutdown":
                             self._finish(job, "cancelled")
                         else:
-                            self._finish(job, None, outcome="deadline_exceeded" if job.cancelled == "deadline"
-                                         else "cancelled")
+                            self._finish(
+                                job, None, outcome="deadline_exceeded" if job.cancelled == "deadline" else "cancelled"
+                            )
                 self._wake.set()
 
     # ---- a round -------------------------------------------------------------------------------
@@ -311,16 +280,20 @@ class TargetScheduler:
         ks = [self._want_k(j) for j in batch]
         # The workers prefill a request inside its first round: such a round says nothing of a step.
         prefills = any(not j.state.generated for j in batch)
-        drafts, draft_wait = await self._drafts(batch, ks)
-        self._launch_predraft(batch, ks, drafts)
-        items = [worker_pb2.VerifyItem(sequence=sequence_to_proto(j.key, j.state.tokens, j.params, j.mode),
-                                       draft=draft_to_proto(j.key, d)) for j, d in zip(batch, drafts)]
+        drafts, draft_wait = await self.drafting.drafts(batch, ks)
+        self.drafting.launch_predraft(batch, ks, drafts, self._policy_k)
+        items = [
+            worker_pb2.VerifyItem(
+                sequence=sequence_to_proto(j.key, j.state.tokens, j.params, j.mode), draft=draft_to_proto(j.key, d)
+            )
+            for j, d in zip(batch, drafts)
+        ]
         t1 = time.monotonic()
-        outcomes, compute = await self._verify(batch, items)
+        outcomes, compute = await self.link.verify(items)
         t2 = time.monotonic()
         if not any(isinstance(o, BaseException) for o in outcomes):
             dt = t2 - t1
-            self._verify_ema = dt if self._verify_ema is None else 0.8 * self._verify_ema + 0.2 * dt
+            self.drafting.observe_verify(dt)
             steps = max((len(d.tokens) for j, d in zip(batch, drafts) if j.spec == "draft"), default=0)
             if not prefills:
                 self.cost.update(draft_wait, steps, dt, sum(len(d.tokens) + 1 for d in drafts))
@@ -346,8 +319,14 @@ class TargetScheduler:
         tokens, n_acc = list(out.tokens), int(out.num_accepted)
         k = len(draft.tokens)
         if not (0 <= n_acc <= k and len(tokens) == n_acc + 1 and tokens[:n_acc] == draft.tokens[:n_acc]):
-            self._fail(job, RpcStatusError(grpc.StatusCode.INTERNAL, "the target returned an inconsistent "
-                                           "verification result; see the router log"), outcome="error")
+            self._fail(
+                job,
+                RpcStatusError(
+                    grpc.StatusCode.INTERNAL,
+                    "the target returned an inconsistent verification result; see the router log",
+                ),
+                outcome="error",
+            )
             log.error("bad outcome for %s: draft %s, tokens %s, accepted %d", job.key, draft.tokens, tokens, n_acc)
             return
         st = job.state
@@ -364,191 +343,8 @@ class TargetScheduler:
             self._finish(job, st.finish_reason, committed)
         elif committed:
             text = st.stops.stable_text
-            job.events.put_nowait(Chunk(committed, text[job.emitted:]))
+            job.events.put_nowait(Chunk(committed, text[job.emitted :]))
             job.emitted = len(text)
-
-    # ---- drafts --------------------------------------------------------------------------------
-    def _fail_open(self, job: Job, reason: str) -> None:
-        job.state.stats.fail_open_rounds += 1
-        self.metrics.fail_open.labels(reason).inc()
-
-    async def _propose(self, seqs: list[worker_pb2.Sequence], started: list | None = None) -> list[worker_pb2.Draft]:
-        assert self.draft is not None
-        async with self.draft.lock:
-            if started is not None:
-                started.append(True)  # the call reaches the worker now (before: only queued here)
-            resp = await self.draft.call("Propose", worker_pb2.ProposeRequest(sequences=seqs),
-                                         timeout=self.cfg.rpc_timeout_s)
-        if len(resp.drafts) != len(seqs):
-            raise WorkerUnavailable(f"draft worker answered {len(resp.drafts)} drafts for {len(seqs)} sequences")
-        return list(resp.drafts)
-
-    def _decode_draft(self, m: worker_pb2.Draft, k: int, offset: int = 0) -> Draft | None:
-        try:
-            d = draft_from_proto(m, self.vocab_size)
-        except Exception as exc:  # noqa: BLE001 - a bad draft fails open
-            log.warning("discarding a bad draft: %s", exc)
-            return None
-        tokens = d.tokens[offset: offset + k]
-        probs = d.probs[offset: offset + k] if d.probs is not None else None
-        return Draft(tokens=tokens, probs=probs)
-
-    async def _drafts(self, batch: list[Job], ks: list[int]) -> tuple[list[Draft], float]:
-        drafts = [Draft(tokens=[]) for _ in batch]
-        remote: list[int] = []  # indices needing a Propose
-        pending: list[tuple[int, PreDraft]] = []  # indices with a pre-draft that may still be right
-        for i, (job, k) in enumerate(zip(batch, ks)):
-            pd, job.predraft = job.predraft, None
-            if k <= 0:
-                continue
-            if job.spec == "ngram":
-                d = self.ngram.propose_one(job.state.tokens, k)
-                if job.mode is not VerifyMode.REJECTION:
-                    d.probs = None
-                drafts[i] = d
-            elif job.spec == "draft":
-                if self.draft is None or not self.draft.up:
-                    self._fail_open(job, "unavailable")
-                    continue
-                toks = job.state.tokens
-                if (pd is not None and len(toks) == pd.base + 1
-                        and toks[pd.base - len(pd.draft): pd.base] == pd.draft):
-                    pending.append((i, pd))
-                else:
-                    if pd is not None:
-                        self.metrics.predraft.labels("miss").inc()
-                    remote.append(i)
-        if not remote and not pending:
-            return drafts, 0.0
-        t0 = time.monotonic()
-        t_end = t0 + self._draft_deadline(max(ks))
-        # Pre-drafts first: they are already running on the drafter.
-        for i, pd in pending:
-            job, k = batch[i], ks[i]
-            try:
-                res = await asyncio.wait_for(asyncio.shield(pd.task), max(0.0, t_end - time.monotonic()))
-                d = self._decode_draft(res[pd.index], k + 1)
-            except asyncio.TimeoutError:
-                self._late = pd.task
-                d = None
-            except (WorkerUnavailable, grpc.aio.AioRpcError):
-                d = None
-            if d is not None and len(d.tokens) >= 2 and d.tokens[0] == job.state.tokens[-1]:
-                drafts[i] = Draft(tokens=d.tokens[1:], probs=d.probs[1:] if d.probs is not None else None)
-                self.metrics.predraft.labels("hit").inc()
-            else:
-                self.metrics.predraft.labels("miss").inc()
-                remote.append(i)
-        if remote:
-            seqs = [sequence_to_proto(batch[i].key, batch[i].state.tokens, batch[i].params, batch[i].mode, ks[i])
-                    for i in remote]
-            reason = None
-            if self._late is not None and not self._late.done():
-                # The drafter is still computing a draft that came too late; a new Propose would
-                # queue behind it. Fail open now, speculate again once it has caught up.
-                reason = "deadline"
-            else:
-                started: list = []
-                task = self._spawn(self._propose(seqs, started))
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
-                try:
-                    res = await asyncio.wait_for(asyncio.shield(task), max(0.0, t_end - time.monotonic()))
-                except asyncio.TimeoutError:
-                    reason = "deadline"
-                    if started:
-                        self._late = task  # let it finish (it builds the drafter's cache), results unused
-                    else:
-                        task.cancel()  # still queued behind another draft: never send it
-                except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:
-                    log.info("draft worker failed, failing open: %s", exc)
-                    reason = "unavailable"
-            for i in remote:
-                batch[i].used_draft = True  # the drafter may hold a cache slot for it now
-            for n, i in enumerate(remote):
-                d = self._decode_draft(res[n], ks[i]) if reason is None else None
-                if d is None:
-                    self._fail_open(batch[i], reason or "unavailable")
-                else:
-                    drafts[i] = d
-        return drafts, time.monotonic() - t0
-
-    def _draft_deadline(self, k: int) -> float:
-        """How long a round waits for its drafts: ``draft_deadline_factor`` x (k + 1) recent verify
-        times (a draft slower than that cannot pay for itself), within [draft_deadline_min_s,
-        draft_deadline_s]; ``draft_deadline_s`` until a verify time has been measured."""
-        cap = self.cfg.draft_deadline_s
-        if self._verify_ema is None or self.cfg.draft_deadline_factor <= 0:
-            return cap
-        return min(cap, max(self.cfg.draft_deadline_min_s, self.cfg.draft_deadline_factor * (k + 1) * self._verify_ema))
-
-    def _launch_predraft(self, batch: list[Job], ks: list[int], drafts: list[Draft]) -> None:
-        """Draft round r+1 on the all-accepted guess while the target verifies round r."""
-        if not self.cfg.predraft or self.draft is None or not self.draft.up:
-            return
-        idx, seqs = [], []
-        for i, (job, k, d) in enumerate(zip(batch, ks, drafts)):
-            if job.spec != "draft" or k <= 0 or len(d.tokens) != k:
-                continue
-            st = job.state
-            n_after = len(st.tokens) + k + 1  # if all k are accepted plus the bonus token
-            remaining = st.params.max_tokens - (len(st.generated) + k + 1) - 1
-            k_next = max(0, min(self._policy_k(job), remaining, self.max_context - n_after))
-            if k_next <= 0:
-                continue
-            idx.append(i)
-            seqs.append(sequence_to_proto(job.key, st.tokens + d.tokens, job.params, job.mode, k_next + 1))
-        if not seqs:
-            return
-        task = self._spawn(self._propose(seqs))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
-        for n, i in enumerate(idx):
-            job = batch[i]
-            job.predraft = PreDraft(base=len(job.state.tokens) + ks[i], draft=list(drafts[i].tokens), task=task,
-                                    index=n)
-
-    # ---- verification --------------------------------------------------------------------------
-    async def _verify_call(self, items: list[worker_pb2.VerifyItem]
-                           ) -> tuple[list[worker_pb2.VerifyOutcome], float | None]:
-        """One Verify, waiting for (and replaying on) a restarted target; (outcomes, the worker's
-        compute seconds if reported)."""
-        t_end = time.monotonic() + self.cfg.recovery_timeout_s
-        while True:
-            try:
-                await self.target.wait_up(max(0.1, t_end - time.monotonic()))
-                self.target_down_since = None
-                async with self.target.lock:
-                    resp, compute = await self.target.call_timed("Verify", worker_pb2.VerifyRequest(items=items),
-                                                                 timeout=self.cfg.rpc_timeout_s)
-                if len(resp.outcomes) != len(items):
-                    raise RpcStatusError(grpc.StatusCode.INTERNAL, "the target answered the wrong number of items")
-                return list(resp.outcomes), compute
-            except WorkerUnavailable:
-                if self.target_down_since is None:
-                    self.target_down_since = time.monotonic()
-                if time.monotonic() >= t_end:
-                    raise
-                log.info("target %s unavailable; replaying the round once it is back", self.name)
-                await asyncio.sleep(0.05)
-
-    async def _verify(self, batch: list[Job], items: list[worker_pb2.VerifyItem]) -> tuple[list, float | None]:
-        """Outcomes (or the exception failing that item) in order, and the worker's compute time."""
-        try:
-            return await self._verify_call(items)
-        except WorkerUnavailable as exc:
-            return [exc] * len(items), None
-        except grpc.aio.AioRpcError as exc:
-            if len(items) == 1:
-                return [RpcStatusError(exc.code(), exc.details() or "verification failed")], None
-            log.warning("batch verify failed (%s: %s); verifying items one by one", exc.code().name, exc.details())
-        out: list = []
-        for item in items:  # isolate the bad item: the others keep being served
-            try:
-                out.extend((await self._verify_call([item]))[0])
-            except WorkerUnavailable as exc:
-                out.append(exc)
-            except grpc.aio.AioRpcError as exc:
-                out.append(RpcStatusError(exc.code(), exc.details() or "verification failed"))
-        return out, None
 
     # ---- finishing -----------------------------------------------------------------------------
     def _remove(self, job: Job) -> None:
@@ -559,15 +355,11 @@ class TargetScheduler:
         self._spawn(self._release(job))
 
     async def _release(self, job: Job) -> None:
-        pd, job.predraft = job.predraft, None
-        if pd is not None and not pd.task.done():
-            await asyncio.wait([pd.task])  # it would re-create the draft slot after a release
-        await self.target.release([job.key])
-        if self.draft is not None and (job.used_draft or pd is not None):
-            await self.draft.release([job.key])
+        await asyncio.gather(self.target.release([job.key]), self.drafting.release(job))
 
-    def _finish(self, job: Job, finish_reason: str | None, committed: list[int] | None = None, *,
-                outcome: str | None = None) -> None:
+    def _finish(
+        self, job: Job, finish_reason: str | None, committed: list[int] | None = None, *, outcome: str | None = None
+    ) -> None:
         """End a job: a final chunk when ``finish_reason`` is set, else (client gone) nothing."""
         if job.done:
             return
@@ -576,7 +368,7 @@ class TargetScheduler:
         if finish_reason is not None:
             st = job.state
             text = st.text
-            job.events.put_nowait(Chunk(list(committed or []), text[job.emitted:], finish_reason))
+            job.events.put_nowait(Chunk(list(committed or []), text[job.emitted :], finish_reason))
             job.emitted = len(text)
             outcome = outcome or finish_reason
             n = len(st.generated)
@@ -595,16 +387,5 @@ class TargetScheduler:
         self.metrics.requests.labels(outcome).inc()
         job.events.put_nowait(exc)
 
-    # ---- other RPCs ----------------------------------------------------------------------------
     async def tokenize(self, text: str, chat: bool, timeout: float) -> list[int]:
-        t_end = time.monotonic() + min(timeout, self.cfg.recovery_timeout_s)
-        while True:
-            try:
-                await self.target.wait_up(max(0.1, t_end - time.monotonic()))
-                resp = await self.target.call("Tokenize", worker_pb2.TokenizeRequest(text=text, chat=chat),
-                                              timeout=self.cfg.rpc_timeout_s)
-                return list(resp.token_ids)
-            except WorkerUnavailable:
-                if time.monotonic() >= t_end:
-                    raise
-                await asyncio.sleep(0.05)
+        return await self.link.tokenize(text, chat, timeout)

@@ -21,16 +21,16 @@ from pathlib import Path
 
 import grpc
 
-from specdec.params import InvalidParams
-from specdec.rpc import generate_pb2, generate_pb2_grpc
-from specdec.rpc.serving import RpcStatusError, start_aio_server
-
 from router.config import RouterConfig
 from router.detok import Detokenizer, resolve_model_dir
 from router.metrics import Metrics
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
+from specdec.core.params import InvalidParams
+from specdec.rpc import generate_pb2, generate_pb2_grpc
+from specdec.rpc.errors import RpcStatusError
+from specdec.rpc.server import announce_aio_shutdown, start_aio_server
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,9 @@ class TargetBinding:
 
 
 class Router:
-    def __init__(self, bindings: Sequence[TargetBinding], config: RouterConfig | None = None,
-                 metrics: Metrics | None = None):
+    def __init__(
+        self, bindings: Sequence[TargetBinding], config: RouterConfig | None = None, metrics: Metrics | None = None
+    ):
         if not bindings:
             raise ValueError("the router needs at least one target worker")
         self.bindings = list(bindings)
@@ -110,21 +111,22 @@ class Router:
             self.schedulers.append(sched)
         servicer = GenerationService(self)
         self.server, self.port = await start_aio_server(
-            [(generate_pb2_grpc.add_GenerationServicer_to_server, servicer, SERVICE_NAME)], cfg.host, cfg.port)
+            [(generate_pb2_grpc.add_GenerationServicer_to_server, servicer, SERVICE_NAME)], cfg.host, cfg.port
+        )
         if cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
-        log.info("router serving specdec.v1.Generation on %s:%d (%d target worker(s))", cfg.host, self.port,
-                 len(self.targets))
+        log.info(
+            "router serving specdec.v1.Generation on %s:%d (%d target worker(s))",
+            cfg.host,
+            self.port,
+            len(self.targets),
+        )
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting, let running requests finish (``grace`` s), end the rest as cancelled."""
         grace = self.config.grace_s if grace is None else grace
         if self.server is not None:
-            from specdec.rpc.serving import _HEALTH  # flip health first: balancers stop sending
-
-            entry = _HEALTH.get(self.server)
-            if entry is not None:
-                await entry[0].enter_graceful_shutdown()
+            await announce_aio_shutdown(self.server)  # flip health first: balancers stop sending
         await asyncio.gather(*(s.close(grace) for s in self.schedulers))
         if self.server is not None:
             await self.server.stop(1.0)
@@ -147,8 +149,11 @@ class Router:
         if not candidates:
             raise InvalidParams("model", f"unknown model {model!r}; this server has {', '.join(self.model_names())}")
         limit = self.config.recovery_timeout_s
-        alive = [s for s in candidates
-                 if s.target.up or s.target_down_since is None or time.monotonic() - s.target_down_since < limit]
+        alive = [
+            s
+            for s in candidates
+            if s.target.up or s.link.down_since is None or time.monotonic() - s.link.down_since < limit
+        ]
         if not alive:
             raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, f"no target worker for {name!r} is available")
         return min(alive, key=lambda s: (not s.target.up, s.load))
@@ -157,15 +162,21 @@ class Router:
         out = generate_pb2.ListModelsResponse()
         seen: dict[tuple[str, str], generate_pb2.ModelInfo] = {}
         rows = [(b.model, "target", t) for b, t in zip(self.bindings, self.targets)]
-        rows += [(b.draft_model or b.draft.name, "draft", d) for b, d in zip(self.bindings, self.drafts)
-                 if d is not None]
+        rows += [
+            (b.draft_model or b.draft.name, "draft", d) for b, d in zip(self.bindings, self.drafts) if d is not None
+        ]
         for name, role, w in rows:
             info = w.info
             m = seen.get((name, role))
             if m is None:
                 m = seen[(name, role)] = out.models.add(
-                    name=name, role=role, dtype=info.dtype if info else "", device=info.device if info else "",
-                    max_context=info.max_context if info else 0, ready=False)
+                    name=name,
+                    role=role,
+                    dtype=info.dtype if info else "",
+                    device=info.device if info else "",
+                    max_context=info.max_context if info else 0,
+                    ready=False,
+                )
             m.ready = m.ready or w.up
         return out
 

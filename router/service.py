@@ -14,20 +14,18 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
-from specdec.params import InvalidParams
-from specdec.rpc import generate_pb2, generate_pb2_grpc
-from specdec.rpc.serving import RpcStatusError, abort_with_async
-
+from router.config import RouterConfig
+from router.metrics import Metrics
 from router.scheduler import Chunk, Job, TargetScheduler
 from router.validate import finalize, parse
 from router.workers import WorkerUnavailable
-
-if TYPE_CHECKING:
-    from router.server import Router
+from specdec.core.params import InvalidParams
+from specdec.rpc import generate_pb2, generate_pb2_grpc
+from specdec.rpc.errors import RpcStatusError, abort_with_async
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +44,33 @@ _OUTCOME = {
 def stats_proto(job: Job) -> generate_pb2.SpeculationStats:
     s = job.state.stats
     return generate_pb2.SpeculationStats(
-        rounds=s.rounds, drafted=s.drafted, accepted=s.accepted, acceptance_rate=s.acceptance_rate,
-        accepted_per_position=list(s.accepted_per_position), fail_open_rounds=s.fail_open_rounds,
-        drafted_per_position=list(s.drafted_per_position))
+        rounds=s.rounds,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        acceptance_rate=s.acceptance_rate,
+        accepted_per_position=list(s.accepted_per_position),
+        fail_open_rounds=s.fail_open_rounds,
+        drafted_per_position=list(s.drafted_per_position),
+    )
 
 
 def usage_proto(job: Job) -> generate_pb2.Usage:
     return generate_pb2.Usage(prompt_tokens=len(job.state.prompt_ids), completion_tokens=len(job.state.generated))
 
 
+class Schedulers(Protocol):
+    """What the servicer needs of the router (router.server.Router provides it)."""
+
+    config: RouterConfig
+    metrics: Metrics
+
+    def pick(self, model: str) -> TargetScheduler: ...
+
+    def list_models(self) -> generate_pb2.ListModelsResponse: ...
+
+
 class GenerationService(generate_pb2_grpc.GenerationServicer):
-    def __init__(self, router: Router):
+    def __init__(self, router: Schedulers):
         self.router = router
 
     # ---- the shared path -----------------------------------------------------------------------
@@ -67,12 +81,18 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         remaining = context.time_remaining()
         deadline = t_arrival + remaining if remaining is not None else None
         if parsed.prompt_ids is None:
-            prompt_ids = await sched.tokenize(parsed.prompt, parsed.chat,
-                                              timeout=remaining if remaining is not None else math.inf)
+            prompt_ids = await sched.tokenize(
+                parsed.prompt, parsed.chat, timeout=remaining if remaining is not None else math.inf
+            )
         else:
             prompt_ids = parsed.prompt_ids
-        params, mode = finalize(parsed, prompt_ids, vocab_size=sched.vocab_size, max_context=sched.max_context,
-                                default_max_tokens=self.router.config.default_max_tokens)
+        params, mode = finalize(
+            parsed,
+            prompt_ids,
+            vocab_size=sched.vocab_size,
+            max_context=sched.max_context,
+            default_max_tokens=self.router.config.default_max_tokens,
+        )
         request_id = request.request_id or f"req-{uuid.uuid4().hex[:16]}"
         job = sched.new_job(request_id, prompt_ids, params, mode, parsed.spec_mode, parsed.k, deadline)
         job.t_arrival = t_arrival
@@ -121,15 +141,20 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         token_ids: list[int] = []
         text: list[str] = []
         job = last = None
-        async for job, chunk in self._chunks(request, context, "Generate"):
+        async for chunk_job, chunk in self._chunks(request, context, "Generate"):
             token_ids.extend(chunk.token_ids)
             text.append(chunk.text)
-            last = chunk
+            job, last = chunk_job, chunk
         if job is None or last is None:  # aborted (the abort raised inside the generator)
             return generate_pb2.GenerateResponse()
         return generate_pb2.GenerateResponse(
-            request_id=job.request_id, text="".join(text), token_ids=token_ids, finish_reason=last.finish_reason,
-            usage=usage_proto(job), speculation=stats_proto(job))
+            request_id=job.request_id,
+            text="".join(text),
+            token_ids=token_ids,
+            finish_reason=last.finish_reason,
+            usage=usage_proto(job),
+            speculation=stats_proto(job),
+        )
 
     async def GenerateStream(self, request: generate_pb2.GenerateRequest, context):
         async for job, chunk in self._chunks(request, context, "GenerateStream"):

@@ -30,12 +30,18 @@ log = logging.getLogger(__name__)
 # Trailing metadata a worker may attach to an answer: its own compute time in seconds.
 COMPUTE_METADATA_KEY = "specdec-compute-seconds"
 
-__all__ = ["COMPUTE_METADATA_KEY", "Endpoint", "StaticEndpoint", "ActorEndpoint", "WorkerClient", "WorkerUnavailable",
-           "TRANSPORT_CODES"]
+__all__ = [
+    "COMPUTE_METADATA_KEY",
+    "Endpoint",
+    "StaticEndpoint",
+    "ActorEndpoint",
+    "WorkerClient",
+    "WorkerUnavailable",
+    "TRANSPORT_CODES",
+]
 
 # Status codes that mean "this worker cannot answer now" rather than "this request is bad".
-TRANSPORT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                             grpc.StatusCode.CANCELLED})
+TRANSPORT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -82,10 +88,12 @@ class ActorEndpoint:
         fut = asyncio.wrap_future(ref.future())
         try:
             return str(await asyncio.wait_for(fut, timeout))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise WorkerUnavailable(f"{self.name}: address() did not answer in {timeout:.0f} s") from None
         except Exception as exc:  # RayActorError & co., without importing ray
-            raise WorkerUnavailable(f"{self.name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+            raise WorkerUnavailable(
+                f"{self.name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from exc
 
     def __repr__(self) -> str:
         return f"ActorEndpoint({self.name!r})"
@@ -94,8 +102,14 @@ class ActorEndpoint:
 class WorkerClient:
     """One draft or target worker, seen from the router's event loop."""
 
-    def __init__(self, endpoint: Endpoint, role: str, *, resolve_timeout: float = 60.0,
-                 on_state: Callable[[WorkerClient], None] | None = None):
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        role: str,
+        *,
+        resolve_timeout: float = 60.0,
+        on_state: Callable[[WorkerClient], None] | None = None,
+    ):
         if role not in ("draft", "target"):
             raise ValueError(f"role must be 'draft' or 'target' (got {role!r})")
         self.endpoint = endpoint
@@ -140,8 +154,9 @@ class WorkerClient:
         try:
             self.info = await self.stub.Info(worker_pb2.InfoRequest(), timeout=10.0)
         except grpc.aio.AioRpcError as exc:
-            raise WorkerUnavailable(f"{self.role} worker {self.name} at {address}: Info: "
-                                    f"{exc.code().name}: {exc.details()}") from None
+            raise WorkerUnavailable(
+                f"{self.role} worker {self.name} at {address}: Info: {exc.code().name}: {exc.details()}"
+            ) from None
 
     def _set_up(self, up: bool) -> None:
         if up != self.up:
@@ -177,8 +192,9 @@ class WorkerClient:
                 delay = min(delay * 2, 1.0)
                 continue
             if self.restarts or time.monotonic() - t0 > 1:
-                log.info("%s worker %s is up at %s (after %.1f s)", self.role, self.name, self.address,
-                         time.monotonic() - t0)
+                log.info(
+                    "%s worker %s is up at %s (after %.1f s)", self.role, self.name, self.address, time.monotonic() - t0
+                )
             self._set_up(True)
             return
 
@@ -192,9 +208,10 @@ class WorkerClient:
             raise WorkerUnavailable(f"{self.role} worker {self.name} is closed")
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout)
-        except asyncio.TimeoutError:
-            raise WorkerUnavailable(f"{self.role} worker {self.name} is not available "
-                                    f"(waited {timeout:.0f} s)") from None
+        except TimeoutError:
+            raise WorkerUnavailable(
+                f"{self.role} worker {self.name} is not available (waited {timeout:.0f} s)"
+            ) from None
         if not self.up:
             raise WorkerUnavailable(f"{self.role} worker {self.name} is not available")
 
@@ -230,12 +247,14 @@ class WorkerClient:
                         pass
             return resp, compute
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in TRANSPORT_CODES or (exc.code() == grpc.StatusCode.UNKNOWN
-                                                  and "Stream removed" in (exc.details() or "")):
+            if exc.code() in TRANSPORT_CODES or (
+                exc.code() == grpc.StatusCode.UNKNOWN and "Stream removed" in (exc.details() or "")
+            ):
                 if self.address == address:  # not already replaced by a recovery
                     self.mark_down(f"{method}: {exc.code().name}: {exc.details()}")
-                raise WorkerUnavailable(f"{self.role} worker {self.name}: {method}: {exc.code().name}: "
-                                        f"{exc.details()}") from None
+                raise WorkerUnavailable(
+                    f"{self.role} worker {self.name}: {method}: {exc.code().name}: {exc.details()}"
+                ) from None
             raise
 
     async def release(self, request_ids: list[str]) -> None:
@@ -246,10 +265,3 @@ class WorkerClient:
             await self.call("Release", worker_pb2.ReleaseRequest(request_ids=request_ids), timeout=10.0)
         except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:
             log.debug("%s release failed: %s", self.role, exc)
-
-    async def refresh_info(self) -> worker_pb2.WorkerInfo | None:
-        try:
-            self.info = await self.call("Info", worker_pb2.InfoRequest(), timeout=5.0)
-        except (WorkerUnavailable, grpc.aio.AioRpcError):
-            pass
-        return self.info

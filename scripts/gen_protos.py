@@ -103,7 +103,9 @@ def render(proto_root: Path = PROTO_ROOT) -> dict[str, bytes]:
     protos = proto_files(proto_root)
     with tempfile.TemporaryDirectory(prefix="gen_protos.") as tmp:
         cmd = [
-            sys.executable, "-m", "grpc_tools.protoc",  # adds grpc_tools' well-known types to -I
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",  # adds grpc_tools' well-known types to -I
             "-I.",
             f"--python_out={tmp}",
             f"--pyi_out={tmp}",

@@ -1,7 +1,7 @@
 """The target worker: the large model, where verification happens (DESIGN.md invariant 3).
 
 * :mod:`target_worker.servicer`: ``TargetServicer`` (specdec.v1.TargetService) over a
-  :class:`specdec.target.TargetVerifier`.
+  :class:`specdec.core.target.TargetVerifier`.
 * :mod:`target_worker.actor`: the ``TargetWorker`` Ray actor and :func:`spawn_target_worker`.
 * ``python -m target_worker --model ...``: the same server without Ray.
 

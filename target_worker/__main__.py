@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from specdec.rpc.serving import WorkerConfig, worker_main
+from specdec.rpc.worker_config import WorkerConfig
+from specdec.rpc.worker_host import worker_main
 
 
 def _make(config: WorkerConfig):

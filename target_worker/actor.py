@@ -3,9 +3,9 @@
 Contract (the router / launcher side):
 
 * ``spawn_target_worker(config, placement=None, name=None, max_restarts=-1)`` -> actor handle.
-  ``config`` is a :class:`specdec.rpc.serving.WorkerConfig` dict (model, dtype, device,
+  ``config`` is a :class:`specdec.rpc.worker_config.WorkerConfig` dict (model, dtype, device,
   num_slots, max_len, host, port, threads, ...); ``placement`` picks the node (see
-  :func:`specdec.rpc.serving.actor_options`; default ``{"resources": {"target_gpu": 1}}``).
+  :func:`specdec.rpc.worker_host.actor_options`; default ``{"resources": {"target_gpu": 1}}``).
 * ``handle.address.remote()`` -> "host:port" of the gRPC server; ``info.remote()`` -> dict
   (WorkerInfo fields + address, pid, started_at, restarted, node_ip); ``pid.remote()``;
   ``drain.remote()``; ``shutdown.remote(grace)``.
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 
-from specdec.rpc.serving import WorkerConfig, WorkerHost, actor_options
+from specdec.rpc.worker_config import WorkerConfig
+from specdec.rpc.worker_host import WorkerHost, actor_options
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,18 @@ class TargetWorker(WorkerHost):
 
         cfg = WorkerConfig.from_dict(config)
         self.servicer = build_target_servicer(cfg)
-        super().__init__(cfg, [(worker_pb2_grpc.add_TargetServiceServicer_to_server, self.servicer, SERVICE_NAME)],
-                         self.servicer)
+        super().__init__(
+            cfg, [(worker_pb2_grpc.add_TargetServiceServicer_to_server, self.servicer, SERVICE_NAME)], self.servicer
+        )
 
 
-def spawn_target_worker(config: dict | WorkerConfig, placement: dict | None = None, name: str | None = None,
-                        max_restarts: int = -1, max_task_retries: int = 3):
+def spawn_target_worker(
+    config: dict | WorkerConfig,
+    placement: dict | None = None,
+    name: str | None = None,
+    max_restarts: int = -1,
+    max_task_retries: int = 3,
+):
     """Create a TargetWorker actor placed by ``placement``; returns the handle (not yet ready:
     ``ray.get(handle.address.remote())`` waits for the model to load)."""
     import ray
@@ -55,6 +62,7 @@ def spawn_target_worker(config: dict | WorkerConfig, placement: dict | None = No
     cfg = WorkerConfig.from_dict(config)  # fail here, not in the actor, on a bad config
     if cfg.model.lower() == "ngram":
         raise ValueError("worker config 'model': a target worker needs a model, not 'ngram'")
-    opts = actor_options(placement, DEFAULT_RESOURCES, name=name, max_restarts=max_restarts,
-                         max_task_retries=max_task_retries)
+    opts = actor_options(
+        placement, DEFAULT_RESOURCES, name=name, max_restarts=max_restarts, max_task_retries=max_task_retries
+    )
     return ray.remote(TargetWorker).options(**opts).remote(cfg.to_dict())

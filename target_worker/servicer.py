@@ -14,13 +14,14 @@ from collections.abc import Iterable
 
 import grpc
 
-from specdec.cli_generate import encode_prompt
-from specdec.params import InvalidParams
+from specdec.core.params import InvalidParams
+from specdec.core.prompts import encode_prompt
+from specdec.core.runner import ContextFull, SlotsExhausted
+from specdec.core.target import TargetVerifier, VerifyItem
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import WireSequence, draft_from_proto, outcome_to_proto, sequence_from_proto
-from specdec.rpc.serving import RpcStatusError, WorkerConfig, rpc_method
-from specdec.runner import ContextFull, SlotsExhausted
-from specdec.target import TargetVerifier, VerifyItem
+from specdec.rpc.errors import RpcStatusError, rpc_method
+from specdec.rpc.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,16 @@ def _unique_ids(ids: Iterable[str], field: str) -> None:
 
 
 class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
-    def __init__(self, verifier: TargetVerifier, tokenizer, *, model_name: str, dtype: str, device: str,
-                 eos_token_ids: Iterable[int] = ()):
+    def __init__(
+        self,
+        verifier: TargetVerifier,
+        tokenizer,
+        *,
+        model_name: str,
+        dtype: str,
+        device: str,
+        eos_token_ids: Iterable[int] = (),
+    ):
         self.verifier = verifier
         self.runner = verifier.runner
         self.tokenizer = tokenizer
@@ -53,8 +62,10 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         need = len(seq.tokens) + extra
         if need > self.runner.max_len:
             what = f"{len(seq.tokens)} tokens" + (f" + {extra} draft tokens" if extra else "")
-            raise ContextFull(f"{field}: request {seq.request_id!r} has {what}, more than the target's "
-                              f"context of {self.runner.max_len} tokens")
+            raise ContextFull(
+                f"{field}: request {seq.request_id!r} has {what}, more than the target's "
+                f"context of {self.runner.max_len} tokens"
+            )
 
     def _check_capacity(self, ids: list[str]) -> None:
         """Refuse the whole call up front when its new requests do not fit (free + idle slots)."""
@@ -67,9 +78,14 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
 
     def info_dict(self) -> dict:
         return {
-            "model": self.model_name, "role": "target", "dtype": self.dtype, "device": self.device,
-            "max_context": self.runner.max_len, "vocab_size": self.runner.vocab_size,
-            "num_slots": self.runner.num_slots, "free_slots": self.verifier.free_slots,
+            "model": self.model_name,
+            "role": "target",
+            "dtype": self.dtype,
+            "device": self.device,
+            "max_context": self.runner.max_len,
+            "vocab_size": self.runner.vocab_size,
+            "num_slots": self.runner.num_slots,
+            "free_slots": self.verifier.free_slots,
             "eos_token_ids": list(self.eos_token_ids),
         }
 
@@ -87,9 +103,9 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             self._check_capacity([s.request_id for s in seqs])
             self.verifier.prefill([(s.request_id, s.tokens, s.params) for s in seqs])
             cached = [self.runner.lengths[self.verifier.slots[s.request_id]] for s in seqs]
-        return worker_pb2.PrefillResponse(outcomes=[
-            worker_pb2.PrefillOutcome(request_id=s.request_id, cached_tokens=n) for s, n in zip(seqs, cached)
-        ])
+        return worker_pb2.PrefillResponse(
+            outcomes=[worker_pb2.PrefillOutcome(request_id=s.request_id, cached_tokens=n) for s, n in zip(seqs, cached)]
+        )
 
     @rpc_method
     def Verify(self, request: worker_pb2.VerifyRequest, context) -> worker_pb2.VerifyResponse:
@@ -98,8 +114,10 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         for item in request.items:
             seq = sequence_from_proto(item.sequence, vocab, "items.sequence")
             if item.draft.request_id and item.draft.request_id != seq.request_id:
-                raise InvalidParams("items.draft.request_id", f"draft for {item.draft.request_id!r} sent with "
-                                                              f"sequence {seq.request_id!r}")
+                raise InvalidParams(
+                    "items.draft.request_id",
+                    f"draft for {item.draft.request_id!r} sent with sequence {seq.request_id!r}",
+                )
             draft = draft_from_proto(item.draft, vocab, "items.draft")
             self._check_context(seq, len(draft.tokens), "items")
             items.append(VerifyItem(seq.request_id, seq.tokens, seq.params, seq.mode, draft))
@@ -124,9 +142,10 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
     @rpc_method
     def Tokenize(self, request: worker_pb2.TokenizeRequest, context) -> worker_pb2.TokenizeResponse:
         if request.chat and not getattr(self.tokenizer, "chat_template", None):
-            raise RpcStatusError(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"chat: model {self.model_name!r} has no chat template; send chat=false "
-                                 "with a formatted prompt")
+            raise RpcStatusError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"chat: model {self.model_name!r} has no chat template; send chat=false with a formatted prompt",
+            )
         with self._tok_lock:
             ids = encode_prompt(self.tokenizer, request.text, request.chat)
         return worker_pb2.TokenizeResponse(token_ids=[int(t) for t in ids])
@@ -140,8 +159,8 @@ def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:
     """Load the model named in ``config`` and wrap it in a TargetServicer (empty caches)."""
     import torch
 
-    from specdec.models import load_model
-    from specdec.runner import ModelRunner
+    from specdec.core.models import load_model
+    from specdec.core.runner import ModelRunner
 
     cfg = WorkerConfig.from_dict(config)
     if cfg.model.lower() == "ngram":
@@ -150,7 +169,19 @@ def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:
         torch.set_num_threads(cfg.threads)
     loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     runner = ModelRunner(loaded.model, num_slots=cfg.num_slots, max_len=cfg.max_len)
-    log.info("target worker: %s (%s, %s), %d slots x %d tokens", cfg.model, cfg.dtype, loaded.device,
-             cfg.num_slots, cfg.max_len)
-    return TargetServicer(TargetVerifier(runner), loaded.tokenizer, model_name=cfg.model, dtype=cfg.dtype,
-                          device=loaded.device.type, eos_token_ids=loaded.eos_token_ids)
+    log.info(
+        "target worker: %s (%s, %s), %d slots x %d tokens",
+        cfg.model,
+        cfg.dtype,
+        loaded.device,
+        cfg.num_slots,
+        cfg.max_len,
+    )
+    return TargetServicer(
+        TargetVerifier(runner),
+        loaded.tokenizer,
+        model_name=cfg.model,
+        dtype=cfg.dtype,
+        device=loaded.device.type,
+        eos_token_ids=loaded.eos_token_ids,
+    )

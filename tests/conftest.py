@@ -41,7 +41,7 @@ def chi2_pvalue(samples, probs) -> float:
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory):
     """{'llama': path, 'qwen2': path, 'llama-draft': path} of tiny random models."""
-    from specdec.tiny import make_tiny_draft, make_tiny_model
+    from specdec.core.tiny import make_tiny_draft, make_tiny_model
 
     root = tmp_path_factory.mktemp("tiny")
     paths = {arch: make_tiny_model(root / arch, arch=arch, seed=i) for i, arch in enumerate(("llama", "qwen2"))}
@@ -52,9 +52,9 @@ def tiny_paths(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm_path():
     """The converted SmolLM2-135M pack (`make test` prepares it before the suite runs)."""
-    from specdec import packs
+    from specdec.core import pack_prepare
 
-    return packs.prepare_pack(SMOLLM, progress=False)
+    return pack_prepare.prepare_pack(SMOLLM, progress=False)
 
 
 def load_hf(path, dtype=torch.float32):

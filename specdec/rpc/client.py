@@ -11,8 +11,7 @@
 Errors come back as :class:`grpc.RpcError` with the server's status code and message
 (INVALID_ARGUMENT naming the field, RESOURCE_EXHAUSTED when the queue is full, ...).
 
-Also :func:`run_remote`, the ``specdec generate --server HOST:PORT`` path: the same flags and the
-same JSON as the local mode. grpc is allowed here (specdec/rpc); torch is not imported.
+grpc is allowed here (specdec/rpc); torch is not imported.
 """
 
 from __future__ import annotations
@@ -26,30 +25,24 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.rpc import generate_pb2, generate_pb2_grpc
+from specdec.rpc.convert import mode_to_proto, spec_mode_to_proto
 
-__all__ = ["SpecdecClient", "GenerateResult", "StreamChunk", "build_request", "run_remote", "SPEC_MODES",
-           "VERIFY_MODES"]
-
-SPEC_MODES = {
-    None: generate_pb2.SPECULATION_MODE_UNSPECIFIED,
-    "auto": generate_pb2.SPECULATION_MODE_AUTO,
-    "off": generate_pb2.SPECULATION_MODE_OFF,
-    "draft": generate_pb2.SPECULATION_MODE_DRAFT,
-    "ngram": generate_pb2.SPECULATION_MODE_NGRAM,
-}
-VERIFY_MODES = {
-    None: generate_pb2.VERIFY_MODE_UNSPECIFIED,
-    "greedy": generate_pb2.VERIFY_MODE_GREEDY,
-    "rejection": generate_pb2.VERIFY_MODE_REJECTION,
-    "invariant": generate_pb2.VERIFY_MODE_INVARIANT,
-}
+__all__ = [
+    "SpecdecClient",
+    "GenerateResult",
+    "StreamChunk",
+    "build_request",
+]
 
 
 def stats_dict(s: generate_pb2.SpeculationStats) -> dict[str, Any]:
     """SpeculationStats as the core's ``RequestStats.as_dict()`` (the local CLI's JSON)."""
     return {
-        "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
-        "acceptance_rate": round(s.acceptance_rate, 4), "fail_open_rounds": s.fail_open_rounds,
+        "rounds": s.rounds,
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "acceptance_rate": round(s.acceptance_rate, 4),
+        "fail_open_rounds": s.fail_open_rounds,
         "accepted_per_position": list(s.accepted_per_position),
         "drafted_per_position": list(s.drafted_per_position),
     }
@@ -66,9 +59,14 @@ class GenerateResult:
 
     @classmethod
     def from_proto(cls, r: generate_pb2.GenerateResponse) -> GenerateResult:
-        return cls(r.request_id, r.text, list(r.token_ids), r.finish_reason,
-                   {"prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens},
-                   stats_dict(r.speculation))
+        return cls(
+            r.request_id,
+            r.text,
+            list(r.token_ids),
+            r.finish_reason,
+            {"prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens},
+            stats_dict(r.speculation),
+        )
 
 
 @dataclass
@@ -82,23 +80,41 @@ class StreamChunk:
     time: float = field(default_factory=time.perf_counter)  # when the chunk arrived (perf_counter)
 
 
-def build_request(prompt: str | None = None, *, prompt_token_ids: Sequence[int] | None = None, model: str = "",
-                  chat: bool = False, max_tokens: int = 0, temperature: float | None = None,
-                  top_p: float | None = None, top_k: int = 0, seed: int | None = None,
-                  stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
-                  mode: str | None = None, k: int = 0, verify_mode: str | None = None,
-                  request_id: str = "") -> generate_pb2.GenerateRequest:
+def build_request(
+    prompt: str | None = None,
+    *,
+    prompt_token_ids: Sequence[int] | None = None,
+    model: str = "",
+    chat: bool = False,
+    max_tokens: int = 0,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+    mode: str | None = None,
+    k: int = 0,
+    verify_mode: str | None = None,
+    request_id: str = "",
+) -> generate_pb2.GenerateRequest:
     """A GenerateRequest; None / 0 / empty leave the server's defaults."""
-    if mode not in SPEC_MODES:
-        raise ValueError(f"mode must be one of off, draft, ngram, auto (got {mode!r})")
-    if verify_mode not in VERIFY_MODES:
-        raise ValueError(f"verify_mode must be one of greedy, rejection, invariant (got {verify_mode!r})")
+    speculation = generate_pb2.SpeculationOptions(
+        mode=spec_mode_to_proto(mode), k=k, verify_mode=mode_to_proto(verify_mode)
+    )  # raise InvalidParams (a ValueError) for an unknown mode
     req = generate_pb2.GenerateRequest(
-        request_id=request_id, model=model, prompt=prompt or "", prompt_token_ids=list(prompt_token_ids or []),
-        chat=chat, max_tokens=max_tokens, top_k=top_k, stop=list(stop), stop_token_ids=list(stop_token_ids),
+        request_id=request_id,
+        model=model,
+        prompt=prompt or "",
+        prompt_token_ids=list(prompt_token_ids or []),
+        chat=chat,
+        max_tokens=max_tokens,
+        top_k=top_k,
+        stop=list(stop),
+        stop_token_ids=list(stop_token_ids),
         ignore_eos=ignore_eos,
-        speculation=generate_pb2.SpeculationOptions(mode=SPEC_MODES[mode], k=k,
-                                                    verify_mode=VERIFY_MODES[verify_mode]),
+        speculation=speculation,
     )
     if temperature is not None:
         req.temperature = temperature
@@ -132,8 +148,9 @@ class SpecdecClient:
         req = build_request(prompt, **kwargs)
         return GenerateResult.from_proto(self.stub.Generate(req, timeout=self._timeout(timeout)))
 
-    def generate_stream(self, prompt: str | None = None, *, timeout: float | None = None,
-                        **kwargs) -> Iterator[StreamChunk]:
+    def generate_stream(
+        self, prompt: str | None = None, *, timeout: float | None = None, **kwargs
+    ) -> Iterator[StreamChunk]:
         """Committed chunks as they come; the last has finish_reason, usage and stats. Closing the
         iterator early cancels the request (its KV slots are freed)."""
         req = build_request(prompt, **kwargs)
@@ -142,17 +159,31 @@ class SpecdecClient:
             for c in call:
                 last = bool(c.finish_reason)
                 yield StreamChunk(
-                    c.request_id, c.text, list(c.token_ids), c.finish_reason or None,
+                    c.request_id,
+                    c.text,
+                    list(c.token_ids),
+                    c.finish_reason or None,
                     {"prompt_tokens": c.usage.prompt_tokens, "completion_tokens": c.usage.completion_tokens}
-                    if last else None,
-                    stats_dict(c.speculation) if last else None)
+                    if last
+                    else None,
+                    stats_dict(c.speculation) if last else None,
+                )
         finally:
             call.cancel()  # no-op when finished
 
     def list_models(self, timeout: float | None = 10.0) -> list[dict[str, Any]]:
         resp = self.stub.ListModels(generate_pb2.ListModelsRequest(), timeout=timeout)
-        return [{"name": m.name, "role": m.role, "dtype": m.dtype, "device": m.device,
-                 "max_context": m.max_context, "ready": m.ready} for m in resp.models]
+        return [
+            {
+                "name": m.name,
+                "role": m.role,
+                "dtype": m.dtype,
+                "device": m.device,
+                "max_context": m.max_context,
+                "ready": m.ready,
+            }
+            for m in resp.models
+        ]
 
     def health(self, service: str = "", timeout: float | None = 10.0) -> str:
         """grpc.health.v1 status name ("SERVING", "NOT_SERVING", ...)."""
@@ -168,43 +199,3 @@ class SpecdecClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def run_remote(args) -> dict[str, Any]:
-    """``specdec generate --server HOST:PORT``: the local mode's flags and JSON, over gRPC.
-
-    Model: ``--target`` is sent as the model name unless it is the CLI's default (then the server's
-    default model is used). ``--draft none|off`` -> speculation OFF, ``ngram`` -> NGRAM, anything
-    else -> AUTO (the server's draft model). ``--k`` is sent as the request's k unless
-    ``--adaptive-k`` (then the server's k policy). ``--dtype``, ``--device`` and ``--max-context``
-    are the server's business and are ignored.
-    """
-    from specdec.cli_generate import DEFAULT_TARGET
-
-    draft = (args.draft or "").lower()
-    mode = "off" if draft in ("none", "off", "") else "ngram" if draft == "ngram" else "auto"
-    kwargs = dict(
-        model="" if args.target in (None, DEFAULT_TARGET) else args.target,
-        chat=args.chat, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, seed=args.seed, stop=args.stop, stop_token_ids=args.stop_token_id,
-        ignore_eos=args.ignore_eos, mode=mode, k=0 if args.adaptive_k else max(0, args.k),
-        verify_mode=args.verify,
-    )
-    try:
-        with SpecdecClient(args.server) as client:
-            t0 = time.perf_counter()
-            out = client.generate(args.prompt, **kwargs)
-            gen_s = time.perf_counter() - t0
-    except grpc.RpcError as exc:
-        raise RemoteError(f"{args.server}: {exc.code().name}: {exc.details()}") from None
-    n = len(out.token_ids)
-    return {
-        "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason, "stats": out.stats,
-        "usage": out.usage,
-        "timing": {"generate_s": round(gen_s, 3), "tokens_per_s": round(n / gen_s, 2) if gen_s > 0 else None},
-        "request_id": out.request_id, "server": args.server,
-    }
-
-
-class RemoteError(RuntimeError):
-    """The server refused or failed the request (message: address, status code, details)."""

@@ -1,7 +1,7 @@
 """Conversions between the core's types and the specdec.v1 worker messages.
 
 Torch-free on purpose (the router imports it and never imports torch, DESIGN.md rules of the
-house): it only touches ``specdec.params`` / ``specdec.verify`` data classes, which import torch
+house): it only touches ``specdec.core.params`` / ``specdec.core.verify`` data classes, which import torch
 lazily, and the generated stubs.
 
 Floats travel as protobuf ``float`` (32-bit). :func:`float_from_proto` gives back the shortest
@@ -17,9 +17,9 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from specdec.params import InvalidParams, SamplingParams, VerifyMode, choose_mode
+from specdec.core.params import InvalidParams, SamplingParams, VerifyMode, choose_mode
+from specdec.core.round_types import Draft, VerifyResult
 from specdec.rpc import generate_pb2, worker_pb2
-from specdec.verify import Draft, VerifyResult
 
 __all__ = [
     "WORKER_MAX_TOKENS",
@@ -28,6 +28,9 @@ __all__ = [
     "params_to_proto",
     "params_from_proto",
     "mode_to_proto",
+    "spec_mode_to_proto",
+    "spec_mode_from_proto",
+    "SPEC_MODE_TO_PROTO",
     "mode_from_proto",
     "sequence_to_proto",
     "sequence_from_proto",
@@ -48,6 +51,15 @@ _MODE_TO_PROTO = {
     VerifyMode.INVARIANT: generate_pb2.VERIFY_MODE_INVARIANT,
 }
 _MODE_FROM_PROTO = {v: k for k, v in _MODE_TO_PROTO.items()}
+
+# The public API's speculation modes (one map: the client sends them, the router reads them).
+SPEC_MODE_TO_PROTO = {
+    "auto": generate_pb2.SPECULATION_MODE_AUTO,
+    "off": generate_pb2.SPECULATION_MODE_OFF,
+    "draft": generate_pb2.SPECULATION_MODE_DRAFT,
+    "ngram": generate_pb2.SPECULATION_MODE_NGRAM,
+}
+_SPEC_MODE_FROM_PROTO = {v: k for k, v in SPEC_MODE_TO_PROTO.items()}
 
 
 def _as_f32(x: float) -> float:
@@ -120,6 +132,30 @@ def mode_from_proto(value: int) -> VerifyMode | None:
         raise InvalidParams("mode", f"unknown verify mode {value} (expected GREEDY, REJECTION or INVARIANT)") from None
 
 
+def spec_mode_to_proto(mode: str | None) -> int:
+    """ "auto" | "off" | "draft" | "ngram" -> the proto enum; None -> SPECULATION_MODE_UNSPECIFIED."""
+    if mode is None:
+        return generate_pb2.SPECULATION_MODE_UNSPECIFIED
+    try:
+        return SPEC_MODE_TO_PROTO[mode]
+    except KeyError:
+        raise InvalidParams(
+            "speculation.mode", f"must be one of {', '.join(SPEC_MODE_TO_PROTO)} (got {mode!r})"
+        ) from None
+
+
+def spec_mode_from_proto(value: int) -> str:
+    """The proto enum -> "auto" | "off" | "draft" | "ngram" (UNSPECIFIED means "auto")."""
+    if value == generate_pb2.SPECULATION_MODE_UNSPECIFIED:
+        return "auto"
+    try:
+        return _SPEC_MODE_FROM_PROTO[value]
+    except KeyError:
+        raise InvalidParams(
+            "speculation.mode", f"unknown speculation mode {value} (expected OFF, DRAFT, NGRAM or AUTO)"
+        ) from None
+
+
 # ---- sequences -------------------------------------------------------------------------------
 
 
@@ -134,8 +170,9 @@ class WireSequence:
     k: int
 
 
-def sequence_to_proto(request_id: str, tokens: Sequence[int], params: SamplingParams,
-                      mode: VerifyMode | str | None, k: int = 0) -> worker_pb2.Sequence:
+def sequence_to_proto(
+    request_id: str, tokens: Sequence[int], params: SamplingParams, mode: VerifyMode | str | None, k: int = 0
+) -> worker_pb2.Sequence:
     return worker_pb2.Sequence(
         request_id=request_id,
         tokens=list(tokens),
@@ -153,11 +190,12 @@ def check_token_ids(tokens: Iterable[int], vocab_size: int | None, field: str) -
             raise InvalidParams(field, f"token id {t} is outside the vocabulary [0, {upper}")
 
 
-def sequence_from_proto(m: worker_pb2.Sequence, vocab_size: int | None = None,
-                        field: str = "sequences") -> WireSequence:
+def sequence_from_proto(
+    m: worker_pb2.Sequence, vocab_size: int | None = None, field: str = "sequences"
+) -> WireSequence:
     """Decode and validate one sequence: non-empty id and tokens, ids in range, params, mode, k >= 0.
 
-    The mode is resolved with the public rule (:func:`specdec.params.choose_mode`): GREEDY at
+    The mode is resolved with the public rule (:func:`specdec.core.params.choose_mode`): GREEDY at
     temperature 0 whatever was asked, INVARIANT when unspecified and seeded, else REJECTION.
     """
     if not m.request_id:
@@ -188,8 +226,10 @@ def draft_from_proto(m: worker_pb2.Draft, vocab_size: int | None = None, field: 
     if not m.dists:
         return Draft(tokens=tokens, probs=None)
     if len(m.dists) != len(tokens):
-        raise InvalidParams(f"{field}.dists", f"{len(m.dists)} distributions for {len(tokens)} draft tokens "
-                                              "(send one per token, or none)")
+        raise InvalidParams(
+            f"{field}.dists",
+            f"{len(m.dists)} distributions for {len(tokens)} draft tokens (send one per token, or none)",
+        )
     probs = []
     for j, d in enumerate(m.dists):
         if len(d.ids) != len(d.probs) or not d.ids:
@@ -202,8 +242,9 @@ def draft_from_proto(m: worker_pb2.Draft, vocab_size: int | None = None, field: 
 
 
 def outcome_to_proto(request_id: str, result: VerifyResult) -> worker_pb2.VerifyOutcome:
-    return worker_pb2.VerifyOutcome(request_id=request_id, tokens=list(result.tokens),
-                                    num_accepted=int(result.num_accepted))
+    return worker_pb2.VerifyOutcome(
+        request_id=request_id, tokens=list(result.tokens), num_accepted=int(result.num_accepted)
+    )
 
 
 def outcome_from_proto(m: worker_pb2.VerifyOutcome) -> VerifyResult:

@@ -58,8 +58,9 @@ def served(smollm_path, tmp_path_factory):
     path = tmp / "serve.yaml"
     path.write_text(yaml.safe_dump(config))
     log = open(tmp / "serve.log", "w+")
-    proc = subprocess.Popen([*SPECDEC, "serve", "--config", str(path)], cwd=REPO, env=_env(), stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [*SPECDEC, "serve", "--config", str(path)], cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT
+    )
     address = f"127.0.0.1:{port}"
     try:
         _wait_serving(proc, address, log, timeout=240)
@@ -84,7 +85,10 @@ def _wait_serving(proc, address: str, log, timeout: float) -> None:
                 log.seek(0)
                 pytest.fail(f"specdec serve exited with {proc.returncode}:\n{log.read()[-4000:]}")
             try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
+                if (
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ):
                     return
             except grpc.RpcError:
                 pass
@@ -102,7 +106,12 @@ def test_grpcurl_lists_services_calls_generate_and_health(served):
     out = run_grpcurl("-plaintext", address, "list", GENERATION)
     assert out.stdout.split() == [f"{GENERATION}.{m}" for m in ("Generate", "GenerateStream", "ListModels")]
 
-    body = {"request_id": "curl-1", "prompt": PROMPT, "max_tokens": 12, "speculation": {"mode": "SPECULATION_MODE_DRAFT"}}
+    body = {
+        "request_id": "curl-1",
+        "prompt": PROMPT,
+        "max_tokens": 12,
+        "speculation": {"mode": "SPECULATION_MODE_DRAFT"},
+    }
     out = run_grpcurl("-plaintext", "-d", json.dumps(body), address, f"{GENERATION}/Generate", timeout=120)
     assert out.returncode == 0, out.stderr
     resp = json.loads(out.stdout)
@@ -110,13 +119,18 @@ def test_grpcurl_lists_services_calls_generate_and_health(served):
     assert len(resp["token_ids"]) == resp["usage"]["completion_tokens"] <= 12 and resp["text"]
     assert int(resp["speculation"]["drafted"]) > 0
 
-    out = run_grpcurl("-plaintext", "-d", json.dumps({"prompt": PROMPT, "max_tokens": 4}), address,
-                      f"{GENERATION}/GenerateStream", timeout=120)
+    out = run_grpcurl(
+        "-plaintext",
+        "-d",
+        json.dumps({"prompt": PROMPT, "max_tokens": 4}),
+        address,
+        f"{GENERATION}/GenerateStream",
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count('"finishReason"') + out.stdout.count('"finish_reason"') == 1
 
-    out = run_grpcurl("-plaintext", "-d", json.dumps({"prompt": PROMPT, "top_p": 2}), address,
-                      f"{GENERATION}/Generate")
+    out = run_grpcurl("-plaintext", "-d", json.dumps({"prompt": PROMPT, "top_p": 2}), address, f"{GENERATION}/Generate")
     assert out.returncode != 0 and "InvalidArgument" in out.stdout + out.stderr and "top_p" in out.stdout + out.stderr
 
     for service in ("", GENERATION):
@@ -126,16 +140,31 @@ def test_grpcurl_lists_services_calls_generate_and_health(served):
 
     out = run_grpcurl("-plaintext", "-d", "{}", address, f"{GENERATION}/ListModels")
     models = json.loads(out.stdout)["models"]
-    assert [(m["name"], m["role"], m.get("ready")) for m in models] == [(SMOLLM, "target", True), (SMOLLM, "draft", True)]
+    assert [(m["name"], m["role"], m.get("ready")) for m in models] == [
+        (SMOLLM, "target", True),
+        (SMOLLM, "draft", True),
+    ]
 
 
 def test_generate_server_json_matches_local(served):
     flags = ["--target", SMOLLM, "--prompt", PROMPT, "--max-tokens", "24", "--json"]
-    remote = subprocess.run([*SPECDEC, "generate", *flags, "--server", served["address"]], cwd=REPO, env=_env(),
-                            capture_output=True, text=True, timeout=120)
+    remote = subprocess.run(
+        [*SPECDEC, "generate", *flags, "--server", served["address"]],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert remote.returncode == 0, remote.stderr
-    local = subprocess.run([*SPECDEC, "generate", *flags, "--draft", "none", "--dtype", "float32"], cwd=REPO,
-                           env=_env(), capture_output=True, text=True, timeout=300)
+    local = subprocess.run(
+        [*SPECDEC, "generate", *flags, "--draft", "none", "--dtype", "float32"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert local.returncode == 0, local.stderr
     r, loc = json.loads(remote.stdout), json.loads(local.stdout)
     for key in ("text", "token_ids", "finish_reason", "usage"):
@@ -143,16 +172,25 @@ def test_generate_server_json_matches_local(served):
     assert set(r["stats"]) == set(loc["stats"])  # the same JSON shape
     assert r["stats"]["drafted"] > 0 and r["stats"]["rounds"] < 24
 
-    bad = subprocess.run([*SPECDEC, "generate", *flags, "--top-p", "0", "--server", served["address"]], cwd=REPO,
-                         env=_env(), capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*SPECDEC, "generate", *flags, "--top-p", "0", "--server", served["address"]],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "top_p" in bad.stderr
     assert "Traceback" not in bad.stderr
 
 
 def test_metrics_endpoint(served):
     text = urllib.request.urlopen(f"http://127.0.0.1:{served['metrics_port']}/metrics", timeout=10).read().decode()
-    samples = {line.split(" ")[0]: float(line.split(" ")[-1]) for line in text.splitlines()
-               if line.startswith("specdec_") and " " in line}
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[-1])
+        for line in text.splitlines()
+        if line.startswith("specdec_") and " " in line
+    }
     assert samples.get("specdec_generated_tokens_total", 0) > 0
     assert samples.get("specdec_rounds_total", 0) > 0
     assert samples.get("specdec_drafted_tokens_total", 0) > 0

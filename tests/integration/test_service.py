@@ -18,10 +18,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from specdec.params import SamplingParams
+from specdec.core.params import SamplingParams
+from specdec.core.request_state import KPolicy
 from specdec.rpc import generate_pb2, worker_pb2, worker_pb2_grpc
 from specdec.rpc.client import SpecdecClient, build_request
-from specdec.scheduler import KPolicy
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_LEN = 1024
@@ -75,11 +75,24 @@ def service(ray_cluster, actor_reaper, tiny_paths):
     target = spawn_target_worker(_worker_config(tiny_paths["llama"]))
     draft = spawn_draft_worker(_worker_config(tiny_paths["llama-draft"]))
     actor_reaper.extend([target, draft])
-    config = RouterConfig(port=0, metrics_port=0, k_policy=KPolicy(k=3, adaptive=True, k_min=1, k_max=6),
-                          micro_batches=2, split_min_batch=2, predraft=True, draft_deadline_s=5.0,
-                          recovery_timeout_s=120.0, default_max_tokens=64)
-    binding = TargetBinding("tiny-llama", ActorEndpoint(target, "target-0"), ActorEndpoint(draft, "draft-0"),
-                            "tiny-llama-draft", tokenizer=str(tiny_paths["llama"]))
+    config = RouterConfig(
+        port=0,
+        metrics_port=0,
+        k_policy=KPolicy(k=3, adaptive=True, k_min=1, k_max=6),
+        micro_batches=2,
+        split_min_batch=2,
+        predraft=True,
+        draft_deadline_s=5.0,
+        recovery_timeout_s=120.0,
+        default_max_tokens=64,
+    )
+    binding = TargetBinding(
+        "tiny-llama",
+        ActorEndpoint(target, "target-0"),
+        ActorEndpoint(draft, "draft-0"),
+        "tiny-llama-draft",
+        tokenizer=str(tiny_paths["llama"]),
+    )
     router = RouterThread([binding], config).start(connect_timeout=300)
     svc = Service(router, target, draft, tiny_paths)
     try:
@@ -95,12 +108,18 @@ def engine(tiny_paths):
     share the two cores, and a 2-thread OpenMP team next to them runs many times slower."""
     import torch
 
-    from specdec.build import build_engine
+    from specdec.core.build import build_engine
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    eng, parts = build_engine(str(tiny_paths["llama"]), str(tiny_paths["llama-draft"]), dtype="float32",
-                              num_slots=16, max_len=MAX_LEN, k_policy=KPolicy(k=3))
+    eng, parts = build_engine(
+        str(tiny_paths["llama"]),
+        str(tiny_paths["llama-draft"]),
+        dtype="float32",
+        num_slots=16,
+        max_len=MAX_LEN,
+        k_policy=KPolicy(k=3),
+    )
     try:
         yield eng, parts
     finally:
@@ -127,11 +146,13 @@ def encode(engine, text: str) -> list[int]:
 
 
 def test_router_and_client_do_not_import_torch_ray_or_workers():
-    code = ("import sys\n"
-            "import router.server, router.scheduler, router.service, router.bench_serve, router.workers\n"
-            "import specdec.rpc.client, cluster.config\n"
-            "bad = [m for m in ('torch', 'ray', 'transformers', 'draft_worker', 'target_worker') if m in sys.modules]\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys\n"
+        "import router.server, router.scheduler, router.service, specdec.bench.serve, router.workers\n"
+        "import specdec.rpc.client, cluster.config\n"
+        "bad = [m for m in ('torch', 'ray', 'transformers', 'draft_worker', 'target_worker') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
@@ -139,9 +160,9 @@ def test_router_and_client_do_not_import_torch_ray_or_workers():
 
 
 def test_greedy_equals_engine_and_transformers(service, engine, tiny_paths):
-    from tests.conftest import load_hf
-
     import torch
+
+    from tests.conftest import load_hf
 
     prompt = encode(engine, "def fib(n):")
     n = 24
@@ -156,7 +177,7 @@ def test_greedy_equals_engine_and_transformers(service, engine, tiny_paths):
     with torch.no_grad():
         for _ in range(n):
             ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert out.token_ids == ids[0, len(prompt):].tolist()
+    assert out.token_ids == ids[0, len(prompt) :].tolist()
 
     # a text prompt is tokenized by the target worker exactly as the engine's tokenizer does
     by_text = service.client.generate("def fib(n):", max_tokens=n, ignore_eos=True, timeout=60)
@@ -169,27 +190,62 @@ def _mixed_requests(engine) -> list[tuple[dict, SamplingParams | None]]:
     base = [encode(engine, p) for p in PROMPTS]
     greedy_ref = ref(engine, base[0], SamplingParams(max_tokens=40, ignore_eos=True))
     text = greedy_ref.text
-    stop_str = text[len(text) // 3: len(text) // 3 + 2]
+    stop_str = text[len(text) // 3 : len(text) // 3 + 2]
     assert len(stop_str) == 2
     stop_tok = greedy_ref.token_ids[12]
     reqs: list[tuple[dict, SamplingParams | None]] = []
     for i, mode in enumerate(["auto", "draft", "ngram", "off", "draft", "auto"]):
-        reqs.append((dict(prompt_token_ids=base[i], max_tokens=30 + i, ignore_eos=True, mode=mode, k=[0, 2, 3, 0, 5, 1][i]),
-                     SamplingParams(max_tokens=30 + i, ignore_eos=True)))
+        reqs.append(
+            (
+                dict(prompt_token_ids=base[i], max_tokens=30 + i, ignore_eos=True, mode=mode, k=[0, 2, 3, 0, 5, 1][i]),
+                SamplingParams(max_tokens=30 + i, ignore_eos=True),
+            )
+        )
     for i, seed in enumerate([1, 7, 42, 2**63 + 5]):
         kw = dict(temperature=0.8, top_p=0.9, top_k=[0, 20, 0, 50][i], seed=seed)
-        reqs.append((dict(prompt_token_ids=base[i + 1], max_tokens=25, ignore_eos=True,
-                          mode=["draft", "ngram", "auto", "off"][i], **kw),
-                     SamplingParams(max_tokens=25, ignore_eos=True, **kw)))
-    reqs.append((dict(prompt_token_ids=base[0], max_tokens=40, ignore_eos=True, stop=[stop_str]),
-                 SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop_str,))))
-    reqs.append((dict(prompt_token_ids=base[0], max_tokens=40, ignore_eos=True, stop_token_ids=[stop_tok]),
-                 SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(stop_tok,))))
-    reqs.append((dict(prompt_token_ids=base[2], max_tokens=40, mode="draft"),  # EOS may stop it
-                 SamplingParams(max_tokens=40)))
+        reqs.append(
+            (
+                dict(
+                    prompt_token_ids=base[i + 1],
+                    max_tokens=25,
+                    ignore_eos=True,
+                    mode=["draft", "ngram", "auto", "off"][i],
+                    **kw,
+                ),
+                SamplingParams(max_tokens=25, ignore_eos=True, **kw),
+            )
+        )
+    reqs.append(
+        (
+            dict(prompt_token_ids=base[0], max_tokens=40, ignore_eos=True, stop=[stop_str]),
+            SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop_str,)),
+        )
+    )
+    reqs.append(
+        (
+            dict(prompt_token_ids=base[0], max_tokens=40, ignore_eos=True, stop_token_ids=[stop_tok]),
+            SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(stop_tok,)),
+        )
+    )
+    reqs.append(
+        (
+            dict(prompt_token_ids=base[2], max_tokens=40, mode="draft"),  # EOS may stop it
+            SamplingParams(max_tokens=40),
+        )
+    )
     for i in range(3):  # unseeded sampling (rejection): the target's distribution, not comparable
-        reqs.append((dict(prompt_token_ids=base[3 + i], max_tokens=20, temperature=1.0, ignore_eos=True,
-                          mode=["draft", "ngram", "auto"][i]), None))
+        reqs.append(
+            (
+                dict(
+                    prompt_token_ids=base[3 + i],
+                    max_tokens=20,
+                    temperature=1.0,
+                    ignore_eos=True,
+                    mode=["draft", "ngram", "auto"][i],
+                ),
+                None,
+            )
+        )
     assert len(reqs) == 16
     return reqs
 
@@ -209,8 +265,9 @@ def test_16_concurrent_streams_with_mixed_parameters(service, engine):
     for t in threads:
         t.join(timeout=180)
     compared = [i for i, (_, p) in enumerate(reqs) if p is not None]
-    expected_by_index = dict(zip(compared, refs(engine, [reqs[i][0]["prompt_token_ids"] for i in compared],
-                                                [reqs[i][1] for i in compared])))
+    expected_by_index = dict(
+        zip(compared, refs(engine, [reqs[i][0]["prompt_token_ids"] for i in compared], [reqs[i][1] for i in compared]))
+    )
     for i, ((kw, params), chunks) in enumerate(zip(reqs, results)):
         assert chunks, f"request {i} got nothing"
         last = chunks[-1]
@@ -233,17 +290,29 @@ def test_16_concurrent_streams_with_mixed_parameters(service, engine):
 def test_list_models_health_and_metrics(service):
     models = service.client.list_models()
     assert [(m["name"], m["role"], m["ready"]) for m in models] == [
-        ("tiny-llama", "target", True), ("tiny-llama-draft", "draft", True)]
+        ("tiny-llama", "target", True),
+        ("tiny-llama-draft", "draft", True),
+    ]
     assert models[0]["max_context"] == MAX_LEN and models[0]["dtype"] == "float32"
     assert service.client.health() == "SERVING"
     assert service.client.health("specdec.v1.Generation") == "SERVING"
     port = service.router.router.metrics_port
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    for series in ("specdec_requests_total", "specdec_generated_tokens_total", "specdec_time_to_first_token_seconds",
-                   "specdec_time_per_output_token_seconds", "specdec_queue_depth", "specdec_rounds_total",
-                   "specdec_drafted_tokens_total", "specdec_accepted_tokens_total",
-                   "specdec_accepted_tokens_by_position_total", "specdec_acceptance_rate",
-                   "specdec_round_phase_seconds", "specdec_fail_open_rounds_total", "specdec_worker_up"):
+    for series in (
+        "specdec_requests_total",
+        "specdec_generated_tokens_total",
+        "specdec_time_to_first_token_seconds",
+        "specdec_time_per_output_token_seconds",
+        "specdec_queue_depth",
+        "specdec_rounds_total",
+        "specdec_drafted_tokens_total",
+        "specdec_accepted_tokens_total",
+        "specdec_accepted_tokens_by_position_total",
+        "specdec_acceptance_rate",
+        "specdec_round_phase_seconds",
+        "specdec_fail_open_rounds_total",
+        "specdec_worker_up",
+    ):
         assert series in text, series
     assert 'phase="draft_wait"' in text and 'phase="verify"' in text
 
@@ -318,8 +387,9 @@ def test_full_queue_is_resource_exhausted_and_others_keep_going(service, tiny_pa
     from router.server import RouterThread, TargetBinding
     from router.workers import ActorEndpoint
 
-    binding = TargetBinding("tiny-llama", ActorEndpoint(service.target), ActorEndpoint(service.draft),
-                            tokenizer=str(tiny_paths["llama"]))
+    binding = TargetBinding(
+        "tiny-llama", ActorEndpoint(service.target), ActorEndpoint(service.draft), tokenizer=str(tiny_paths["llama"])
+    )
     small = RouterThread([binding], RouterConfig(port=0, metrics_port=None, max_batch=1, max_queue=1)).start(60)
     try:
         client = SpecdecClient(small.address)
@@ -433,8 +503,9 @@ def test_killing_the_target_worker_replays_and_completes_unchanged(service, engi
     params = SamplingParams(max_tokens=600, ignore_eos=True, temperature=0.9, seed=99)
     expected = ref(engine, prompt, params)
     old_pid = ray.get(service.target.pid.remote(), timeout=30)
-    t, out = _stream_in_thread(service.client, prompt_token_ids=prompt, max_tokens=600, ignore_eos=True,
-                               temperature=0.9, seed=99)
+    t, out = _stream_in_thread(
+        service.client, prompt_token_ids=prompt, max_tokens=600, ignore_eos=True, temperature=0.9, seed=99
+    )
     ray.kill(service.target, no_restart=False)
     t.join(240)
     assert "error" not in out, out.get("error")
@@ -449,8 +520,8 @@ def test_killing_the_target_worker_replays_and_completes_unchanged(service, engi
 
 
 def test_bench_serve_drives_the_service(service, engine):
-    from router.bench_serve import BenchOptions, bench_serve, format_table
-    from specdec.prompts import Prompt
+    from specdec.bench.serve import BenchOptions, bench_serve, format_table
+    from specdec.core.prompts import Prompt
 
     prompts = [Prompt(f"p{i}", p, False) for i, p in enumerate(PROMPTS[:3])]
 
@@ -461,18 +532,41 @@ def test_bench_serve_drives_the_service(service, engine):
             t0 = time.perf_counter()
             res = ref(engine, encode(engine, prompt.text), SamplingParams(max_tokens=max_tokens))
             t1 = time.perf_counter()
-            return {"id": prompt.id, "mode": "engine", "tokens": len(res.token_ids), "t_start": t0, "t_first": t1,
-                    "t_last": t1, "t_end": t1, "stats": res.stats.as_dict(), "finish_reason": res.finish_reason,
-                    "token_ids": res.token_ids, "error": None}
+            return {
+                "id": prompt.id,
+                "mode": "engine",
+                "tokens": len(res.token_ids),
+                "t_start": t0,
+                "t_first": t1,
+                "t_last": t1,
+                "t_end": t1,
+                "stats": res.stats.as_dict(),
+                "finish_reason": res.finish_reason,
+                "token_ids": res.token_ids,
+                "error": None,
+            }
 
-    options = BenchOptions(max_tokens=12, concurrency=(1, 2), rates=(20.0,), requests=3, modes=("auto", "off"),
-                           metrics_url=f"http://127.0.0.1:{service.router.router.metrics_port}/metrics")
-    result = bench_serve(service.router.address, prompts, options, engine=Engine(),
-                         encode=lambda p: encode(engine, p.text))
+    options = BenchOptions(
+        max_tokens=12,
+        concurrency=(1, 2),
+        rates=(20.0,),
+        requests=3,
+        modes=("auto", "off"),
+        metrics_url=f"http://127.0.0.1:{service.router.router.metrics_port}/metrics",
+    )
+    result = bench_serve(
+        service.router.address, prompts, options, engine=Engine(), encode=lambda p: encode(engine, p.text)
+    )
     rows = {(r["scenario"], r["mode"]): r["summary"] for r in result["results"]}
-    assert set(rows) == {("closed c=1", "auto"), ("closed c=1", "off"), ("closed c=1", "engine"),
-                         ("closed c=2", "auto"), ("closed c=2", "off"), ("poisson 20.0/s", "auto"),
-                         ("poisson 20.0/s", "off")}
+    assert set(rows) == {
+        ("closed c=1", "auto"),
+        ("closed c=1", "off"),
+        ("closed c=1", "engine"),
+        ("closed c=2", "auto"),
+        ("closed c=2", "off"),
+        ("poisson 20.0/s", "auto"),
+        ("poisson 20.0/s", "off"),
+    }
     for key, s in rows.items():
         assert s["errors"] == 0 and s["requests"] == 3 and s["tokens"] > 0 and s["throughput_tok_s"] > 0, key
         assert s["ttft_ms_p50"] is not None and s["ttft_ms_p99"] >= s["ttft_ms_p50"], key

@@ -20,7 +20,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec.params import SamplingParams, choose_mode
+from specdec.core.params import SamplingParams, VerifyMode, choose_mode
+from specdec.core.request_state import KPolicy, new_request
+from specdec.core.round_types import Draft
 from specdec.rpc import generate_pb2, worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import (
     draft_from_proto,
@@ -33,8 +35,6 @@ from specdec.rpc.convert import (
     params_to_proto,
     sequence_to_proto,
 )
-from specdec.scheduler import KPolicy, new_request
-from specdec.verify import Draft, VerifyMode
 from tests.grpc_helpers import run_grpcurl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,8 +77,16 @@ class Workers:
     target_config: dict
 
 
-def run_rounds(w: Workers, rid: str, prompt: list[int], params: SamplingParams, verify_mode=None,
-               eos=frozenset(), decode=lambda ids: "", on_round=None):
+def run_rounds(
+    w: Workers,
+    rid: str,
+    prompt: list[int],
+    params: SamplingParams,
+    verify_mode=None,
+    eos=frozenset(),
+    decode=lambda ids: "",
+    on_round=None,
+):
     """What the router does for one request: prefill, then propose -> verify -> commit until done."""
     req = new_request(rid, prompt, params, choose_mode(params, verify_mode), KPolicy(k=K), set(eos), decode)
     seq = sequence_to_proto(rid, req.tokens, params, req.mode)
@@ -94,7 +102,8 @@ def run_rounds(w: Workers, rid: str, prompt: list[int], params: SamplingParams, 
         if req.mode is VerifyMode.REJECTION:  # the drafter's sparse q travels with its tokens
             assert len(draft.dists) == len(draft.tokens)
         (out,) = w.target.stub.Verify(
-            worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seq, draft=draft)]), timeout=30).outcomes
+            worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seq, draft=draft)]), timeout=30
+        ).outcomes
         assert out.request_id == rid and len(out.tokens) == out.num_accepted + 1
         req.commit(list(out.tokens), out.num_accepted, len(draft.tokens), MAX_LEN)
         rounds += 1
@@ -117,16 +126,30 @@ def workers(ray_cluster, tiny_paths, actor_reaper) -> Workers:
     from draft_worker import spawn_draft_worker
     from target_worker import spawn_target_worker
 
-    tcfg = {"model": str(tiny_paths["llama"]), "dtype": "float32", "device": "cpu", "num_slots": TARGET_SLOTS,
-            "max_len": MAX_LEN, "threads": 1}
-    dcfg = {"model": str(tiny_paths["llama-draft"]), "dtype": "float32", "device": "cpu", "num_slots": 4,
-            "max_len": MAX_LEN, "threads": 1}
-    target = spawn_target_worker(tcfg, placement={"resources": {"target_gpu": 1}, "num_cpus": 1},
-                                 name=TARGET_NAME)
+    tcfg = {
+        "model": str(tiny_paths["llama"]),
+        "dtype": "float32",
+        "device": "cpu",
+        "num_slots": TARGET_SLOTS,
+        "max_len": MAX_LEN,
+        "threads": 1,
+    }
+    dcfg = {
+        "model": str(tiny_paths["llama-draft"]),
+        "dtype": "float32",
+        "device": "cpu",
+        "num_slots": 4,
+        "max_len": MAX_LEN,
+        "threads": 1,
+    }
+    target = spawn_target_worker(tcfg, placement={"resources": {"target_gpu": 1}, "num_cpus": 1}, name=TARGET_NAME)
     draft = spawn_draft_worker(dcfg)  # default placement: {"draft_gpu": 1}
     actor_reaper.extend([target, draft])
-    w = Workers(Worker.connect(target, worker_pb2_grpc.TargetServiceStub),
-                Worker.connect(draft, worker_pb2_grpc.DraftServiceStub), tcfg)
+    w = Workers(
+        Worker.connect(target, worker_pb2_grpc.TargetServiceStub),
+        Worker.connect(draft, worker_pb2_grpc.DraftServiceStub),
+        tcfg,
+    )
     yield w
     w.target.channel.close()
     w.draft.channel.close()
@@ -135,10 +158,10 @@ def workers(ray_cluster, tiny_paths, actor_reaper) -> Workers:
 @pytest.fixture(scope="module")
 def reference(tiny_paths):
     """The single-process engine on the same models: prompt ids, eos ids and results per mode."""
-    from specdec.build import make_model_drafter
-    from specdec.engine import SpecEngine
-    from specdec.models import load_model
-    from specdec.runner import ModelRunner
+    from specdec.core.build import make_model_drafter
+    from specdec.core.engine import SpecEngine
+    from specdec.core.models import load_model
+    from specdec.core.runner import ModelRunner
 
     tgt = load_model(str(tiny_paths["llama"]), dtype="float32")
     drf = load_model(str(tiny_paths["llama-draft"]), dtype="float32")
@@ -146,10 +169,19 @@ def reference(tiny_paths):
     drafter = make_model_drafter(drf, num_slots=1, max_len=MAX_LEN)  # the draft worker's defaults too
     prompt = list(tgt.tokenizer(PROMPT)["input_ids"])
     results = {}
-    for name, params, mode in (("greedy", GREEDY, None), ("invariant", SEEDED, "invariant"),
-                               ("rejection", SEEDED, "rejection")):
-        engine = SpecEngine(target_runner, tgt.tokenizer, drafter, k_policy=KPolicy(k=K),
-                            eos_token_ids=tgt.eos_token_ids, verify_mode=mode)
+    for name, params, mode in (
+        ("greedy", GREEDY, None),
+        ("invariant", SEEDED, "invariant"),
+        ("rejection", SEEDED, "rejection"),
+    ):
+        engine = SpecEngine(
+            target_runner,
+            tgt.tokenizer,
+            drafter,
+            k_policy=KPolicy(k=K),
+            eos_token_ids=tgt.eos_token_ids,
+            verify_mode=mode,
+        )
         (results[name],) = engine.generate([prompt], params)
     return {"prompt": prompt, "eos": tgt.eos_token_ids, "results": results, "tokenizer": tgt.tokenizer}
 
@@ -171,17 +203,19 @@ def test_convert_roundtrip_and_torch_free():
     assert draft_from_proto(draft_to_proto("r", Draft(tokens=[3], probs=None))).probs is None
     assert outcome_from_proto(worker_pb2.VerifyOutcome(tokens=[1, 2], num_accepted=1)).num_accepted == 1
     # The router imports these: none of them may pull in torch (or Ray).
-    code = ("import sys, specdec.rpc.convert, specdec.rpc.serving, draft_worker, target_worker;"
-            "print('torch' in sys.modules, 'ray' in sys.modules)")
+    code = (
+        "import sys, specdec.rpc.convert, specdec.rpc.server, specdec.rpc.worker_host, draft_worker, target_worker;"
+        "print('torch' in sys.modules, 'ray' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
 def test_status_mapping():
-    from specdec.models import ModelLoadError
-    from specdec.params import InvalidParams
-    from specdec.rpc.serving import status_for
-    from specdec.runner import ContextFull, SlotsExhausted
+    from specdec.core.models import ModelLoadError
+    from specdec.core.params import InvalidParams
+    from specdec.core.runner import ContextFull, SlotsExhausted
+    from specdec.rpc.errors import status_for
 
     C = grpc.StatusCode
     assert status_for(InvalidParams("top_p", "must be in (0, 1]")) == (C.INVALID_ARGUMENT, "top_p: must be in (0, 1]")
@@ -218,8 +252,11 @@ def test_rounds_match_single_process_engine(workers, reference, mode):
     ref = reference["results"][mode]
     assert req.generated == ref.token_ids and len(req.generated) == params.max_tokens
     assert req.finish_reason == ref.finish_reason
-    assert (req.stats.rounds, req.stats.drafted, req.stats.accepted) == (ref.stats.rounds, ref.stats.drafted,
-                                                                          ref.stats.accepted)
+    assert (req.stats.rounds, req.stats.drafted, req.stats.accepted) == (
+        ref.stats.rounds,
+        ref.stats.drafted,
+        ref.stats.accepted,
+    )
     if mode == "greedy":
         assert req.stats.accepted > 0  # the draft really was used
     assert workers.target.info().free_slots == TARGET_SLOTS and workers.draft.info().free_slots == 4
@@ -230,8 +267,12 @@ def test_concurrent_requests(workers, reference):
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(TARGET_SLOTS) as pool:
-        reqs = list(pool.map(lambda i: run_rounds(workers, f"conc-{i}", reference["prompt"], GREEDY,
-                                                  eos=reference["eos"]), range(TARGET_SLOTS)))
+        reqs = list(
+            pool.map(
+                lambda i: run_rounds(workers, f"conc-{i}", reference["prompt"], GREEDY, eos=reference["eos"]),
+                range(TARGET_SLOTS),
+            )
+        )
     assert all(r.generated == reference["results"]["greedy"].token_ids for r in reqs)
     assert workers.target.info().free_slots == TARGET_SLOTS
 
@@ -303,11 +344,15 @@ def test_grpcurl_health_and_reflection(workers):
     for w, service in ((workers.target, "specdec.v1.TargetService"), (workers.draft, "specdec.v1.DraftService")):
         listed = run_grpcurl("-plaintext", w.address, "list")
         assert listed.returncode == 0, listed.stderr
-        assert set(listed.stdout.split()) == {service, "grpc.health.v1.Health",
-                                              "grpc.reflection.v1alpha.ServerReflection"}
+        assert set(listed.stdout.split()) == {
+            service,
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+        }
         for name in ("", service):
-            check = run_grpcurl("-plaintext", "-d", json.dumps({"service": name}), w.address,
-                                "grpc.health.v1.Health/Check")
+            check = run_grpcurl(
+                "-plaintext", "-d", json.dumps({"service": name}), w.address, "grpc.health.v1.Health/Check"
+            )
             assert check.returncode == 0 and json.loads(check.stdout)["status"] == "SERVING", check.stderr
         info = run_grpcurl("-plaintext", "-d", "{}", w.address, f"{service}/Info")
         assert info.returncode == 0 and json.loads(info.stdout)["role"] in ("target", "draft"), info.stderr
@@ -344,7 +389,7 @@ def test_unloadable_model_fails_the_actor_once(ray_cluster):
     import ray
     from ray.exceptions import RayActorError
 
-    from specdec.rpc.serving import remote_error_message
+    from specdec.rpc.errors import remote_error_message
     from target_worker.actor import spawn_target_worker
 
     with pytest.raises(ValueError, match="dtype"):  # a bad config fails before anything is spawned
@@ -359,8 +404,9 @@ def test_aio_server_and_async_errors():
     """start_aio_server (what the router uses): health, reflection, and rpc_method on coroutines."""
     import asyncio
 
-    from specdec.params import InvalidParams
-    from specdec.rpc.serving import rpc_method, start_aio_server
+    from specdec.core.params import InvalidParams
+    from specdec.rpc.errors import rpc_method
+    from specdec.rpc.server import start_aio_server
 
     class Draft(worker_pb2_grpc.DraftServiceServicer):
         @rpc_method
@@ -398,8 +444,14 @@ def test_aio_server_and_async_errors():
 def test_draft_worker_by_hand_ngram():
     """`python -m draft_worker --model ngram` serves DraftService without Ray."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "draft_worker", "--model", "ngram", "--port", "0"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "draft_worker", "--model", "ngram", "--port", "0"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert "serving ngram on" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -423,7 +475,12 @@ def test_draft_worker_by_hand_ngram():
 
 def test_target_worker_by_hand_bad_model():
     """A model that cannot be loaded: one readable line and exit status 2, no traceback."""
-    out = subprocess.run([sys.executable, "-m", "target_worker", "--model", "/nonexistent/model.gguf"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "target_worker", "--model", "/nonexistent/model.gguf"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert "no such file" in out.stderr and "Traceback" not in out.stderr

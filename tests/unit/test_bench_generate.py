@@ -6,16 +6,36 @@ import json
 
 import pytest
 
-from specdec import bench_generate as bg
-from specdec.cli_bench import FAMILIES as CLI_FAMILIES
-from specdec.prompts import PromptSetError, load_humaneval, load_prompts
+from specdec.bench import generate as bg
+from specdec.bench import records, report
+from specdec.bench import summary as bench_summary
+from specdec.bench.config_names import FAMILIES
+from specdec.bench.stats import percentile
+from specdec.cli.bench import FAMILIES as CLI_FAMILIES
+from specdec.core.prompts import PromptSetError, load_humaneval, load_prompts
 
-PROMPTS = [{"prompt": "def add(a, b):\n    return", "chat": False},
-           {"prompt": "The quick brown fox jumps over the lazy dog. The quick brown", "chat": False}]
+PROMPTS = [
+    {"prompt": "def add(a, b):\n    return", "chat": False},
+    {"prompt": "The quick brown fox jumps over the lazy dog. The quick brown", "chat": False},
+]
 SUMMARY_FIELDS = (
-    "tok_s", "ms_per_token_p50", "ms_per_token_p90", "speedup_vs_hf_target", "speedup_vs_hf_assisted",
-    "speedup_vs_specdec_target", "tau", "k_mean", "a", "acceptance_per_position", "c", "bound", "efficiency",
-    "efficiency_vs_hf_target", "agreement_exact", "agreement_prefix", "bound_baseline",
+    "tok_s",
+    "ms_per_token_p50",
+    "ms_per_token_p90",
+    "speedup_vs_hf_target",
+    "speedup_vs_hf_assisted",
+    "speedup_vs_specdec_target",
+    "tau",
+    "k_mean",
+    "a",
+    "acceptance_per_position",
+    "c",
+    "bound",
+    "efficiency",
+    "efficiency_vs_hf_target",
+    "agreement_exact",
+    "agreement_prefix",
+    "bound_baseline",
 )
 SPEC_DRAFTING = ("specdec_draft_k2", "specdec_draft_k3", "specdec_draft_adaptive", "specdec_ngram")
 
@@ -30,8 +50,17 @@ def result(tiny_paths, tmp_path_factory):
 
 def test_every_config_has_the_fields(result):
     names = result["configs"]
-    assert names == ["hf_target", "hf_assisted", "hf_assisted_k2", "hf_assisted_k3", "specdec_target",
-                     "specdec_draft_k2", "specdec_draft_k3", "specdec_draft_adaptive", "specdec_ngram"]
+    assert names == [
+        "hf_target",
+        "hf_assisted",
+        "hf_assisted_k2",
+        "hf_assisted_k3",
+        "specdec_target",
+        "specdec_draft_k2",
+        "specdec_draft_k3",
+        "specdec_draft_adaptive",
+        "specdec_ngram",
+    ]
     summary = result["summary"]["configs"]
     assert list(summary) == names
     for name in names:
@@ -77,8 +106,8 @@ def test_specdec_is_lossless_against_transformers_in_float32(result):
 
 
 def test_records_summarise_again(result):
-    runs = [bg.run_from_record(r) for r in result["records"]]
-    again = bg.summarize(runs, result["configs"])
+    runs = [records.run_from_record(r) for r in result["records"]]
+    again = bench_summary.summarize(runs, result["configs"])
     for name in result["configs"]:
         for key in ("tokens", "rounds", "a", "agreement_exact"):
             assert again["configs"][name][key] == result["summary"]["configs"][name][key], (name, key)
@@ -87,21 +116,21 @@ def test_records_summarise_again(result):
 
 
 def test_agreement_catches_a_wrong_output():
-    ref = bg.Run("hf_target", 0, "p", 0, 3, 1.0, [1, 2, 3, 4], "", "length", [bg.Round(1.0, 4, 0, 0.0)])
-    bad = bg.Run("x", 0, "p", 0, 3, 1.0, [1, 2, 9, 4], "", "length", [bg.Round(1.0, 4, 0, 0.0)])
-    summary = bg.summarize([ref, bad], ["hf_target", "x"])["configs"]
+    ref = records.Run("hf_target", 0, "p", 0, 3, 1.0, [1, 2, 3, 4], "", "length", [records.Round(1.0, 4, 0, 0.0)])
+    bad = records.Run("x", 0, "p", 0, 3, 1.0, [1, 2, 9, 4], "", "length", [records.Round(1.0, 4, 0, 0.0)])
+    summary = bench_summary.summarize([ref, bad], ["hf_target", "x"])["configs"]
     assert summary["x"]["agreement_exact"] == 0.0
     assert summary["x"]["agreement_prefix"] == 0.5
 
 
 def test_table_and_plot(result, tmp_path):
-    table = bg.format_table(result)
+    table = report.format_table(result)
     lines = table.splitlines()
     header = next(line for line in lines if line.startswith("| config"))
     rows = [line for line in lines if line.startswith("| ") and line is not header]
     assert len(rows) == len(result["configs"])
     assert "x hf_target" in header and "bound" in header and "agree exact" in header
-    png = bg.plot(result, tmp_path / "out" / "generate.png")
+    png = report.plot(result, tmp_path / "out" / "generate.png")
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert result["sweep"]["specdec_draft_k"]["k"] == [2, 3]
@@ -114,9 +143,27 @@ def test_cli_writes_json_and_png(tiny_paths, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps(PROMPTS[0]) + "\n")
     out = tmp_path / "bench" / "generate.json"
-    rc = main(["bench", "generate", "--target", str(tiny_paths["llama"]), "--draft", str(tiny_paths["llama-draft"]),
-               "--prompts", str(prompts), "--max-tokens", "4", "--dtype", "float32", "--no-warmup",
-               "--configs", "hf_target,specdec_target,specdec_draft_k", "--json", str(out)])
+    rc = main(
+        [
+            "bench",
+            "generate",
+            "--target",
+            str(tiny_paths["llama"]),
+            "--draft",
+            str(tiny_paths["llama-draft"]),
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            "4",
+            "--dtype",
+            "float32",
+            "--no-warmup",
+            "--configs",
+            "hf_target,specdec_target,specdec_draft_k",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert json.loads(out.read_text())["configs"] == ["hf_target", "specdec_target", "specdec_draft_k4"]
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
@@ -124,7 +171,7 @@ def test_cli_writes_json_and_png(tiny_paths, tmp_path, capsys):
 
 
 def test_cli_families_match():
-    assert CLI_FAMILIES == bg.FAMILIES
+    assert CLI_FAMILIES == FAMILIES
 
 
 def test_humaneval_prompts():
@@ -139,22 +186,21 @@ def test_humaneval_prompts():
 
 
 def test_response_prefix_starts_the_assistant_turn(smollm_tokenizer_or_skip):
-    from specdec.cli_generate import encode_prompt
-    from specdec.prompts import encode
+    from specdec.core.prompts import encode, encode_prompt
 
     tok = smollm_tokenizer_or_skip
     prompt = load_prompts("humaneval-body:1")[0]
     ids = encode(tok, prompt)
     plain = encode_prompt(tok, prompt.text, True)
     assert ids[: len(plain)] == plain and len(ids) > len(plain)
-    assert tok.decode(ids[len(plain):]).startswith("```python")
+    assert tok.decode(ids[len(plain) :]).startswith("```python")
 
 
 @pytest.fixture(scope="module")
 def smollm_tokenizer_or_skip():
     from transformers import AutoTokenizer
 
-    from specdec import packs
+    from specdec.core import packs
 
     if not packs.is_ready("smollm2-135m-instruct"):
         pytest.skip("the smollm2-135m-instruct pack is not prepared (make test prepares it)")
@@ -165,8 +211,10 @@ def test_prompt_files(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "a", "response_prefix": "c"}\n\n{"prompt": "b", "chat": false, "id": "x"}\n')
     prompts = load_prompts(str(path))
-    assert [(p.id, p.text, p.chat, p.response_prefix) for p in prompts] == [("p/0", "a", None, "c"),
-                                                                            ("x", "b", False, "")]
+    assert [(p.id, p.text, p.chat, p.response_prefix) for p in prompts] == [
+        ("p/0", "a", None, "c"),
+        ("x", "b", False, ""),
+    ]
     assert len(load_prompts(f"{path}:1")) == 1
     path.write_text('{"text": "a"}\n')
     with pytest.raises(PromptSetError, match="prompt"):
@@ -183,6 +231,6 @@ def test_unknown_config_is_refused():
 
 
 def test_percentile():
-    assert bg.percentile([], 50) is None
-    assert bg.percentile([3.0, 1.0, 2.0], 50) == 2.0
-    assert bg.percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdec.bench_runner import bench_runner, format_sweep, format_table, forward_sweep
+from specdec.bench.runner import bench_runner, format_sweep, format_table, forward_sweep
 
 
 def test_bench_runner_times_every_case(tiny_paths):
@@ -14,8 +14,9 @@ def test_bench_runner_times_every_case(tiny_paths):
 
 def test_forward_sweep_reports_each_size_relative_to_the_first(tiny_paths):
     for as_draft in (False, True):
-        result = forward_sweep(str(tiny_paths["llama"]), (1, 3, 9), dtype="float32", context_len=12, repeat=2,
-                               as_draft=as_draft)
+        result = forward_sweep(
+            str(tiny_paths["llama"]), (1, 3, 9), dtype="float32", context_len=12, repeat=2, as_draft=as_draft
+        )
         assert list(result["forward_ms"]) == ["1", "3", "9"] and result["as_draft"] is as_draft
         assert result["relative_to_one_token"]["1"] == 1.0
         assert all(v > 0 for v in result["forward_ms"].values())

@@ -24,6 +24,7 @@ def test_serve_config_applies_the_router_mode_and_keeps_explicit_threads():
     assert plain.target.worker.threads == plain.draft.worker.threads == cores
     piped = ServeConfig.from_dict({**pools, "router": {"micro_batches": 1, "predraft": True}})
     assert piped.draft.worker.threads == default_threads("draft", cores, pipelined=True)
-    explicit = ServeConfig.from_dict({"target": {"model": "t", "threads": 3}, "draft": {"model": "d"},
-                                      "router": {"micro_batches": 1}})
+    explicit = ServeConfig.from_dict(
+        {"target": {"model": "t", "threads": 3}, "draft": {"model": "d"}, "router": {"micro_batches": 1}}
+    )
     assert explicit.target.worker.threads == 3

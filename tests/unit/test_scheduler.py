@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from specdec.params import SamplingParams, VerifyMode
-from specdec.scheduler import CostMeter, KPolicy, new_request
+from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.request_state import CostMeter, KPolicy, new_request
 
 
-def _request(max_tokens=10, policy=KPolicy(k=4), prompt=(1, 2, 3)):
-    return new_request("r", list(prompt), SamplingParams(max_tokens=max_tokens), VerifyMode.GREEDY, policy,
-                       eos_token_ids={0}, decode=lambda ids: "".join(chr(97 + i % 26) for i in ids))
+def _request(max_tokens=10, policy=None, prompt=(1, 2, 3)):
+    policy = policy or KPolicy(k=4)
+    return new_request(
+        "r",
+        list(prompt),
+        SamplingParams(max_tokens=max_tokens),
+        VerifyMode.GREEDY,
+        policy,
+        eos_token_ids={0},
+        decode=lambda ids: "".join(chr(97 + i % 26) for i in ids),
+    )
 
 
 def test_cost_meter_moves_towards_measured_ratio():

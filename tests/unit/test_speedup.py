@@ -1,4 +1,4 @@
-"""Speed model (specdec/speedup.py) and adaptive k (specdec/adaptive_k.py)."""
+"""Speed model (specdec/core/speedup.py) and adaptive k (specdec/core/adaptive_k.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.adaptive_k import AdaptiveK
-from specdec.speedup import (
+from specdec.core.adaptive_k import AdaptiveK
+from specdec.core.speedup import (
     best_k,
     estimate_acceptance,
     expected_tokens,

@@ -1,4 +1,4 @@
-"""Stops inside accepted chunks (specdec/stops.py, DESIGN.md invariant 5)."""
+"""Stops inside accepted chunks (specdec/core/stops.py, DESIGN.md invariant 5)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.sampling import SamplingParams
-from specdec.stops import StopChecker
+from specdec.core.params import SamplingParams
+from specdec.core.stops import StopChecker
 
 # A toy byte-level vocabulary: id -> bytes.  "é" is split over two tokens (ids 20, 21).
 PIECES: dict[int, bytes] = {

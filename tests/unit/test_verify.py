@@ -1,4 +1,4 @@
-"""Lossless verification (specdec/verify.py): greedy, rejection sampling, drafter-invariant sampling."""
+"""Lossless verification (specdec/core/verify.py): greedy, rejection sampling, drafter-invariant sampling."""
 
 from __future__ import annotations
 
@@ -11,18 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import verify as verify_mod
-from specdec.sampling import (
-    InvalidParams,
-    SamplingParams,
-    gumbel_noise,
-    make_generator,
-    process_logits,
-    sample_sparse,
-    sample_token,
-)
+from specdec.core import verify as verify_mod
+from specdec.core.params import InvalidParams, SamplingParams, VerifyMode, choose_mode
+from specdec.core.round_types import Draft
+from specdec.core.sampling import gumbel_noise, make_generator, process_logits, sample_sparse
+from specdec.core.verify import verify
 from tests.conftest import chi2_pvalue
-from specdec.verify import Draft, VerifyMode, choose_mode, verify, verify_batch
+from tests.reference_sampling import sample_token
 
 CHI2_ALPHA = 1e-3
 
@@ -206,26 +201,30 @@ def test_residual_edge_cases(caplog) -> None:
         r = verify(logits, Draft([1], [([1], [1.0])]), SAMPLING, VerifyMode.REJECTION, start_pos=0, generator=gen)
         assert r.tokens == [1, 0] and r.num_accepted == 1
     # a draft token missing from its own q is verified as a point mass (and logged)
-    with caplog.at_level(logging.WARNING, logger="specdec.verify"):
-        r = verify(logits, Draft([1], [([0, 2], [0.5, 0.5])]), SAMPLING, VerifyMode.REJECTION, start_pos=0, generator=gen)
+    with caplog.at_level(logging.WARNING, logger="specdec.core.verify"):
+        r = verify(
+            logits, Draft([1], [([0, 2], [0.5, 0.5])]), SAMPLING, VerifyMode.REJECTION, start_pos=0, generator=gen
+        )
     assert r.tokens == [1, 0]
     assert "point mass" in caplog.text
 
 
-def test_rejection_seeded_generator_is_reproducible_and_batch_matches_single() -> None:
+def test_rejection_seeded_generator_is_reproducible() -> None:
     g = torch.Generator().manual_seed(3)
     rows = []
     for i in range(5):
         k = i % 4
         logits = torch.randn(k + 1, 16, generator=g)
         draft = Draft([int(t) for t in torch.randint(0, 16, (k,), generator=g)], None)
-        rows.append((logits, draft, SAMPLING, VerifyMode.REJECTION, 10 * i, make_generator(i)))
-    batched = verify_batch(rows)
-    single = [
-        verify(lg, d, p, m, start_pos=sp, generator=make_generator(i))
-        for i, (lg, d, p, m, sp, _) in enumerate(rows)
+        rows.append((logits, draft, 10 * i))
+    runs = [
+        [
+            verify(lg, d, SAMPLING, VerifyMode.REJECTION, start_pos=sp, generator=make_generator(i)).tokens
+            for i, (lg, d, sp) in enumerate(rows)
+        ]
+        for _ in range(2)
     ]
-    assert [r.tokens for r in batched] == [r.tokens for r in single]
+    assert runs[0] == runs[1]
 
 
 # ------------------------------------------------------------------------------------------
@@ -235,7 +234,7 @@ def test_rejection_seeded_generator_is_reproducible_and_batch_matches_single() -
 VI = 40
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_row(ctx: tuple[int, ...], salt: int = 0) -> torch.Tensor:
     """A deterministic 'language model': logits as a function of the whole context."""
     g = torch.Generator().manual_seed(hash((salt, *ctx)) % 2**63)

@@ -1,0 +1,74 @@
+"""A request as the router's scheduler holds it (:class:`Job`), and what it streams back (:class:`Chunk`)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.request_state import RequestState
+from specdec.rpc.errors import RpcStatusError
+
+__all__ = ["Chunk", "Job", "PreDraft", "QueueFull", "next_job_key"]
+
+_ids = itertools.count()
+
+
+def next_job_key(request_id: str) -> str:
+    """A worker cache key unique within this router (request ids from clients need not be)."""
+    return f"{request_id or 'req'}#{next(_ids)}"
+
+
+class QueueFull(RpcStatusError):
+    def __init__(self, message: str) -> None:
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+
+
+@dataclass
+class Chunk:
+    """What a round committed for one job; the last one has ``finish_reason`` set."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+
+
+@dataclass
+class PreDraft:
+    base: int  # len(tokens) + len(draft) the pre-draft continued from
+    draft: list[int]  # the draft it assumed accepted
+    task: asyncio.Task  # -> list[worker_pb2.Draft]
+    index: int  # this job's position in the task's result
+
+
+@dataclass(eq=False)
+class Job:
+    key: str  # worker cache key (unique per router)
+    request_id: str  # the caller's id (echoed)
+    state: RequestState
+    spec: str  # off | draft | ngram (resolved)
+    auto: bool
+    deadline: float | None  # time.monotonic() deadline
+    t_arrival: float = field(default_factory=time.monotonic)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    t_first: float | None = None
+    t_last: float | None = None
+    emitted: int = 0  # characters of text sent
+    in_flight: bool = False
+    cancelled: str | None = None  # "cancelled" | "deadline" while a round is in flight
+    done: bool = False
+    outcome: str | None = None
+    predraft: PreDraft | None = None
+    used_draft: bool = False
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.state.params
+
+    @property
+    def mode(self) -> VerifyMode:
+        return self.state.mode

@@ -1,0 +1,88 @@
+"""Calls to a target worker that survive its restart: a round waits for the target to come back
+(bounded by ``recovery_timeout_s``) and replays; the committed tokens did not change, so the
+request completes unchanged (DESIGN.md invariant 1). A batch that fails is verified item by item,
+so one bad item does not fail the others."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from router.config import RouterConfig
+from router.workers import WorkerClient, WorkerUnavailable
+from specdec.rpc import worker_pb2
+from specdec.rpc.errors import RpcStatusError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TargetLink"]
+
+
+class TargetLink:
+    def __init__(self, name: str, target: WorkerClient, config: RouterConfig):
+        self.name = name
+        self.target = target
+        self.cfg = config
+        self.down_since: float | None = None
+
+    async def _verify_call(
+        self, items: list[worker_pb2.VerifyItem]
+    ) -> tuple[list[worker_pb2.VerifyOutcome], float | None]:
+        """One Verify, waiting for (and replaying on) a restarted target; (outcomes, the worker's
+        compute seconds if reported)."""
+        t_end = time.monotonic() + self.cfg.recovery_timeout_s
+        while True:
+            try:
+                await self.target.wait_up(max(0.1, t_end - time.monotonic()))
+                self.down_since = None
+                async with self.target.lock:
+                    resp, compute = await self.target.call_timed(
+                        "Verify", worker_pb2.VerifyRequest(items=items), timeout=self.cfg.rpc_timeout_s
+                    )
+                if len(resp.outcomes) != len(items):
+                    raise RpcStatusError(grpc.StatusCode.INTERNAL, "the target answered the wrong number of items")
+                return list(resp.outcomes), compute
+            except WorkerUnavailable:
+                if self.down_since is None:
+                    self.down_since = time.monotonic()
+                if time.monotonic() >= t_end:
+                    raise
+                log.info("target %s unavailable; replaying the round once it is back", self.name)
+                await asyncio.sleep(0.05)
+
+    async def verify(self, items: list[worker_pb2.VerifyItem]) -> tuple[list, float | None]:
+        """Outcomes (or the exception failing that item) in order, and the worker's compute time."""
+        try:
+            return await self._verify_call(items)
+        except WorkerUnavailable as exc:
+            return [exc] * len(items), None
+        except grpc.aio.AioRpcError as exc:
+            if len(items) == 1:
+                return [RpcStatusError(exc.code(), exc.details() or "verification failed")], None
+            log.warning("batch verify failed (%s: %s); verifying items one by one", exc.code().name, exc.details())
+        out: list = []
+        for item in items:  # isolate the bad item: the others keep being served
+            try:
+                out.extend((await self._verify_call([item]))[0])
+            except WorkerUnavailable as exc:
+                out.append(exc)
+            except grpc.aio.AioRpcError as exc:
+                out.append(RpcStatusError(exc.code(), exc.details() or "verification failed"))
+        return out, None
+
+    async def tokenize(self, text: str, chat: bool, timeout: float) -> list[int]:
+        t_end = time.monotonic() + min(timeout, self.cfg.recovery_timeout_s)
+        while True:
+            try:
+                await self.target.wait_up(max(0.1, t_end - time.monotonic()))
+                resp = await self.target.call(
+                    "Tokenize", worker_pb2.TokenizeRequest(text=text, chat=chat), timeout=self.cfg.rpc_timeout_s
+                )
+                return list(resp.token_ids)
+            except WorkerUnavailable:
+                if time.monotonic() >= t_end:
+                    raise
+                await asyncio.sleep(0.05)

@@ -1,0 +1,1 @@
+"""Benchmarks: `specdec bench runner | generate | serve` (the engine and the service, measured)."""

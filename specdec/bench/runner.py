@@ -1,0 +1,156 @@
+"""`specdec bench runner`: our runner vs transformers' forward with its own cache, side by side."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from specdec.core.models import load_model
+from specdec.core.runner import ModelRunner
+
+
+@dataclass
+class Case:
+    name: str
+    runner_ms: float
+    transformers_ms: float
+
+    @property
+    def speedup(self) -> float:  # > 1: the runner is faster
+        return self.transformers_ms / self.runner_ms
+
+
+def _median_ms(fn: Callable[[], None], repeat: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _hf_case(model, batch: int, context: list[int], new: int, repeat: int) -> float:
+    from transformers import DynamicCache
+
+    ids = torch.tensor([context] * batch)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        step = torch.tensor([[7] * new] * batch)
+
+        def run():
+            model(input_ids=step, past_key_values=cache, use_cache=True)
+            cache.crop(-new)  # back to the same context every repeat
+
+        return _median_ms(run, repeat)
+
+
+def _runner_case(runner: ModelRunner, batch: int, context: list[int], new: int, repeat: int) -> float:
+    slots = [runner.alloc_slot() for _ in range(batch)]
+    runner.forward(slots, [context] * batch, num_logits=0)
+    feeds = [[7] * new] * batch
+
+    def run():
+        runner.forward(slots, feeds, num_logits=new)
+        for s in slots:
+            runner.rollback(s, len(context))
+
+    try:
+        return _median_ms(run, repeat)
+    finally:
+        for s in slots:
+            runner.free_slot(s)
+
+
+CASES = (("decode b=1", 1, 1), ("decode b=8", 8, 1), ("verify 5 tokens b=1", 1, 5))
+
+
+def bench_runner(
+    model_spec: str,
+    dtype: str = "bfloat16",
+    context_len: int = 128,
+    repeat: int = 10,
+    threads: int | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
+    loaded = load_model(model_spec, dtype=dtype)
+    runner = ModelRunner(loaded.model, num_slots=8, max_len=context_len + 8)
+    context = list(range(100, 100 + context_len))
+    cases = []
+    for name, batch, new in CASES:
+        progress(name)
+        r = _runner_case(runner, batch, context, new, repeat)
+        t = _hf_case(loaded.model, batch, context, new, repeat)
+        cases.append(Case(name, r, t))
+    return {
+        "model": model_spec,
+        "dtype": dtype,
+        "context_len": context_len,
+        "repeat": repeat,
+        "threads": torch.get_num_threads(),
+        "cases": [asdict(c) | {"speedup": round(c.speedup, 3)} for c in cases],
+    }
+
+
+def forward_sweep(
+    model_spec: str,
+    sizes: tuple[int, ...],
+    dtype: str = "bfloat16",
+    context_len: int = 168,
+    repeat: int = 7,
+    threads: int | None = None,
+    as_draft: bool = False,
+) -> dict:
+    """The runner's forward time by tokens per forward (one sequence): how a verify of k + 1 tokens,
+    or a draft forward with lookup guesses, grows with k. `as_draft` builds the runner as the
+    drafters do (specdec.core.draft_options.DraftOptions: int8 weights, vocabulary subset)."""
+    from specdec.core.build import make_draft_runner
+
+    if threads:
+        torch.set_num_threads(threads)
+    loaded = load_model(model_spec, dtype=dtype)
+    max_len = context_len + max(sizes) + 1
+    runner = make_draft_runner(loaded, 1, max_len) if as_draft else ModelRunner(loaded.model, 1, max_len)
+    context = list(range(100, 100 + context_len))
+    with torch.inference_mode():
+        ms = {n: _runner_case(runner, 1, context, n, repeat) for n in sizes}
+    return {
+        "model": model_spec,
+        "dtype": dtype,
+        "as_draft": as_draft,
+        "context_len": context_len,
+        "repeat": repeat,
+        "threads": torch.get_num_threads(),
+        "forward_ms": {str(n): round(v, 2) for n, v in ms.items()},
+        "relative_to_one_token": {str(n): round(v / ms[sizes[0]], 3) for n, v in ms.items()},
+    }
+
+
+def format_sweep(result: dict) -> str:
+    lines = [
+        f"{result['model']} ({result['dtype']}{', as a draft' if result['as_draft'] else ''}, context "
+        f"{result['context_len']}, {result['threads']} threads, median of {result['repeat']})",
+        f"{'tokens':>8}{'ms':>10}{'relative':>10}",
+    ]
+    for n, v in result["forward_ms"].items():
+        lines.append(f"{n:>8}{v:>10.1f}{result['relative_to_one_token'][n]:>9.2f}x")
+    return "\n".join(lines)
+
+
+def format_table(result: dict) -> str:
+    lines = [
+        f"{result['model']} ({result['dtype']}, context {result['context_len']}, "
+        f"{result['threads']} threads, median of {result['repeat']})",
+        f"{'case':<22}{'runner ms':>12}{'transformers ms':>17}{'ratio':>8}",
+    ]
+    for c in result["cases"]:
+        lines.append(f"{c['name']:<22}{c['runner_ms']:>12.1f}{c['transformers_ms']:>17.1f}{c['speedup']:>7.2f}x")
+    return "\n".join(lines)

@@ -1,0 +1,516 @@
+"""`specdec bench serve`: drive a running service and put the figures side by side.
+
+Scenarios: closed loop with N concurrent clients (each sends its next request when the previous one
+ends) and open loop with Poisson arrivals at a rate. Each scenario runs once per speculation mode
+(default ``auto`` = the server's drafter, and ``off`` = plain decoding on the same service,
+per-request), one after the other in the same run, so the ratios compare like with like. Requests
+are greedy and streamed: TTFT is the first committed chunk, TPOT the mean gap per token after it.
+
+When the router's ``/metrics`` is reachable, each scenario also reports where the round time went
+(draft wait, verify, router), the mean draft length and c (draft time per token / verify time),
+and the sequential bound tau / (k c + 1) from the measured tau. The single-process engine at batch
+1 is passed in by the CLI (an object with ``one(prompt, max_tokens)``; it needs torch, which this
+module never imports) and interleaved with the service's closed c=1 requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import grpc
+
+from specdec.bench.stats import percentile
+from specdec.core.prompts import Prompt
+from specdec.rpc.client import SpecdecClient
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BenchOptions", "BenchError", "bench_serve", "server_info", "summarize", "format_table", "percentile"]
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+@dataclass
+class BenchOptions:
+    max_tokens: int = 128
+    concurrency: tuple[int, ...] = (1,)
+    rates: tuple[float, ...] = ()  # Poisson arrival rates (requests / s)
+    requests: int | None = None  # per scenario; default one per prompt
+    modes: tuple[str, ...] = ("auto", "off")
+    warmup: bool = True
+    seed: int = 0
+    metrics_url: str | None = "auto"
+    timeout: float = 600.0
+    interleave: bool = True  # closed c=1: alternate the modes (and the engine) request by request
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(1000.0 * x, 2)
+
+
+# ---- one request -----------------------------------------------------------------------------
+
+
+class _Runner:
+    def __init__(
+        self, client: SpecdecClient, options: BenchOptions, encode: Callable[[Prompt], list[int]] | None = None
+    ):
+        self.client = client
+        self.options = options
+        self.encode = encode
+        self.chat_ok = True
+        self._lock = threading.Lock()
+        self._ids: dict[str, list[int]] = {}
+
+    def _prompt_kwargs(self, prompt: Prompt) -> dict[str, Any]:
+        """Token ids when the caller can tokenize (the same ids the engine sees, response prefix
+        included), else the text with the chat flag (the server tokenizes)."""
+        if self.encode is None:
+            return {"prompt": prompt.text, "chat": self._chat(prompt)}
+        with self._lock:
+            ids = self._ids.get(prompt.id)
+            if ids is None:
+                ids = self._ids[prompt.id] = list(self.encode(prompt))
+        return {"prompt_token_ids": ids}
+
+    def _chat(self, prompt: Prompt) -> bool:
+        return self.chat_ok if prompt.chat is None else prompt.chat
+
+    def one(self, prompt: Prompt, mode: str, max_tokens: int | None = None) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "id": prompt.id,
+            "mode": mode,
+            "t_start": time.perf_counter(),
+            "t_first": None,
+            "t_last": None,
+            "tokens": 0,
+            "token_ids": [],
+            "stats": None,
+            "finish_reason": None,
+            "error": None,
+        }
+        try:
+            self._stream(prompt, mode, max_tokens or self.options.max_tokens, rec)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and prompt.chat is None and self.chat_ok:
+                with self._lock:
+                    self.chat_ok = False  # the model has no chat template: send raw prompts
+                return self.one(prompt, mode, max_tokens)
+            rec["error"] = f"{exc.code().name}: {exc.details()}"
+        rec["t_end"] = time.perf_counter()
+        return rec
+
+    def _stream(self, prompt: Prompt, mode: str, max_tokens: int, rec: dict) -> None:
+        for ch in self.client.generate_stream(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            mode=mode,
+            timeout=self.options.timeout,
+            **self._prompt_kwargs(prompt),
+        ):
+            if ch.token_ids:
+                rec["t_first"] = rec["t_first"] or ch.time
+                rec["t_last"] = ch.time
+                rec["token_ids"].extend(ch.token_ids)
+            if ch.finish_reason:
+                rec["finish_reason"] = ch.finish_reason
+                rec["stats"] = ch.stats
+        rec["tokens"] = len(rec["token_ids"])
+
+
+# ---- metrics scraping ------------------------------------------------------------------------
+
+
+def _scrape(url: str | None) -> dict[str, float] | None:
+    if not url:
+        return None
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+    except Exception:  # noqa: BLE001 - the split is optional
+        return None
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("specdec_round_phase_seconds_") and s.name.endswith(("_sum", "_count")):
+                out[f"{s.name.rsplit('_', 1)[1]}:{s.labels.get('phase')}"] = s.value
+            elif s.name in (
+                "specdec_rounds_total",
+                "specdec_drafted_tokens_total",
+                "specdec_accepted_tokens_total",
+                "specdec_predraft_total",
+                "specdec_fail_open_rounds_total",
+            ):
+                key = s.name + ("".join(f":{v}" for v in s.labels.values()))
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def _phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | None:
+    if before is None or after is None:
+        return None
+
+    def d(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    rounds = d("count:round")
+    if rounds <= 0:
+        return None
+    split = {"rounds": int(rounds)}
+    for phase in ("draft_wait", "verify", "rpc", "router", "round"):
+        if f"sum:{phase}" in after:
+            split[f"{phase}_ms_per_round"] = round(1000.0 * d(f"sum:{phase}") / rounds, 3)
+    split["drafted_per_round"] = round(d("specdec_drafted_tokens_total") / rounds, 3)
+    hits, misses = d("specdec_predraft_total:hit"), d("specdec_predraft_total:miss")
+    if hits + misses > 0:
+        split["predraft_hit_rate"] = round(hits / (hits + misses), 3)
+    return split
+
+
+def _add_cost(summary: dict[str, Any]) -> None:
+    """c = draft wait per draft step / verify time per round (DESIGN.md's c as the pipeline sees
+    it; drafting of a batch runs in steps, one per draft position) and the sequential bound
+    tau / (k c + 1), with k the mean draft length per request-round."""
+    split = summary.get("split")
+    k = summary.get("k_mean")
+    if not split or not k or not split.get("verify_ms_per_round"):
+        return
+    split["c"] = round((split["draft_wait_ms_per_round"] / k) / split["verify_ms_per_round"], 3)
+    if summary.get("tau"):
+        summary["bound_sequential"] = round(summary["tau"] / (k * split["c"] + 1.0), 3)
+
+
+# ---- scenarios -------------------------------------------------------------------------------
+
+
+def summarize(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    ok = [r for r in records if not r.get("error")]
+    tokens = sum(r["tokens"] for r in ok)
+    ttft = [r["t_first"] - r["t_start"] for r in ok if r["t_first"] is not None]
+    tpot = [
+        (r["t_last"] - r["t_first"]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1 and r["t_first"] is not None
+    ]
+    latency = [r["t_end"] - r["t_start"] for r in ok if "t_end" in r]
+    stats = [r["stats"] for r in ok if r.get("stats")]
+    drafted = sum(s["drafted"] for s in stats)
+    accepted = sum(s["accepted"] for s in stats)
+    rounds = sum(s["rounds"] for s in stats)
+    return {
+        "requests": len(records),
+        "errors": len(records) - len(ok),
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "throughput_tok_s": round(tokens / wall, 3) if wall > 0 else None,
+        "requests_per_s": round(len(ok) / wall, 4) if wall > 0 else None,
+        "ttft_ms_p50": _ms(percentile(ttft, 50)),
+        "ttft_ms_p99": _ms(percentile(ttft, 99)),
+        "tpot_ms_p50": _ms(percentile(tpot, 50)),
+        "tpot_ms_p99": _ms(percentile(tpot, 99)),
+        "latency_s_p50": None if not latency else round(percentile(latency, 50), 3),
+        "latency_s_p99": None if not latency else round(percentile(latency, 99), 3),
+        "acceptance": round(accepted / drafted, 4) if drafted else None,
+        "tau": round(tokens / rounds, 3) if rounds else None,  # tokens per round (per request)
+        "k_mean": round(drafted / rounds, 3) if rounds else None,  # draft tokens per round (per request)
+        "drafted": drafted,
+        "accepted": accepted,
+        "rounds": rounds,
+        "fail_open_rounds": sum(s.get("fail_open_rounds", 0) for s in stats),
+        "first_error": next((r["error"] for r in records if r.get("error")), None),
+    }
+
+
+def _closed_loop(runner: _Runner, prompts: list[Prompt], n: int, clients: int, mode: str) -> tuple[list, float]:
+    jobs = [prompts[i % len(prompts)] for i in range(n)]
+    lock = threading.Lock()
+    records: list[dict] = []
+
+    def client_loop() -> None:
+        while True:
+            with lock:
+                if not jobs:
+                    return
+                prompt = jobs.pop(0)
+            rec = runner.one(prompt, mode)
+            with lock:
+                records.append(rec)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return records, time.perf_counter() - t0
+
+
+def _poisson(runner: _Runner, prompts: list[Prompt], n: int, rate: float, mode: str, seed: int) -> tuple[list, float]:
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        arrivals.append(t)
+    t0 = time.perf_counter()
+
+    def fire(i: int) -> dict:
+        delay = t0 + arrivals[i] - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return runner.one(prompts[i % len(prompts)], mode)
+
+    with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
+        records = list(pool.map(fire, range(n)))
+    return records, time.perf_counter() - t0
+
+
+def _interleaved(
+    runner: _Runner, prompts: list[Prompt], n: int, modes: Sequence[str], engine: Any, url: str | None
+) -> list[dict]:
+    """Closed loop at c=1 with the modes (and the engine) alternating request by request, so a
+    machine whose load drifts during the run biases none of them. Wall per mode = the sum of its
+    requests' durations; the round split is scraped around each service request."""
+    names = list(modes) + (["engine"] if engine is not None else [])
+    recs: dict[str, list] = {m: [] for m in names}
+    splits: dict[str, list] = {m: [] for m in modes}
+    for i in range(n):
+        prompt = prompts[i % len(prompts)]
+        for m in names:
+            if m == "engine":
+                recs[m].append(engine.one(prompt, runner.options.max_tokens))
+                continue
+            before = _scrape(url)
+            recs[m].append(runner.one(prompt, m))
+            splits[m].append((before, _scrape(url)))
+    out = []
+    for m in names:
+        wall = sum(r["t_end"] - r["t_start"] for r in recs[m])
+        summary = summarize(recs[m], wall)
+        if m != "engine" and url:
+            summary["split"] = _sum_splits(splits[m])
+        out.append(
+            {
+                "scenario": "closed c=1",
+                "kind": "closed",
+                "x": 1,
+                "mode": m,
+                "summary": summary,
+                "records": recs[m],
+                **({"config": engine.config} if m == "engine" else {}),
+            }
+        )
+    return out
+
+
+def _sum_splits(pairs: list[tuple[dict | None, dict | None]]) -> dict | None:
+    total_before: dict[str, float] = {}
+    total_after: dict[str, float] = {}
+    for before, after in pairs:
+        if before is None or after is None:
+            return None
+        for k in set(before) | set(after):
+            total_before[k] = total_before.get(k, 0.0) + before.get(k, 0.0)
+            total_after[k] = total_after.get(k, 0.0) + after.get(k, 0.0)
+    return _phase_split(total_before, total_after)
+
+
+def server_info(address: str) -> dict[str, Any]:
+    """What the service serves (ListModels): target, draft, dtype, device."""
+    with SpecdecClient(address, wait_ready=30.0) as client:
+        try:
+            models = client.list_models()
+        except grpc.RpcError as exc:
+            raise BenchError(f"{address}: ListModels failed: {exc.code().name}: {exc.details()}") from None
+    targets = [m for m in models if m["role"] == "target"]
+    drafts = [m for m in models if m["role"] == "draft"]
+    if not targets:
+        raise BenchError(f"{address} serves no target model")
+    return {
+        "address": address,
+        "target": targets[0]["name"],
+        "draft": drafts[0]["name"] if drafts else None,
+        "dtype": targets[0]["dtype"],
+        "device": targets[0]["device"],
+        "models": models,
+    }
+
+
+def bench_serve(
+    address: str,
+    prompts: list[Prompt],
+    options: BenchOptions,
+    progress: Callable[[str], None] | None = None,
+    engine: Any = None,
+    encode: Callable[[Prompt], list[int]] | None = None,
+) -> dict[str, Any]:
+    """Run the scenarios. ``engine``: an object with ``one(prompt, max_tokens) -> record`` and a
+    ``config`` dict (the single-process engine, run by the CLI), interleaved into closed c=1.
+    ``encode``: prompt -> token ids with the target's tokenizer (sent as prompt_token_ids, so the
+    service and the engine see the same ids); None sends the text (the server tokenizes)."""
+    progress = progress or (lambda msg: None)
+    if not prompts:
+        raise BenchError("no prompts")
+    info = server_info(address)
+    client = SpecdecClient(address, wait_ready=30.0)
+    url = options.metrics_url
+    if url == "auto":
+        url = f"http://{address.rsplit(':', 1)[0]}:9400/metrics"
+    elif url in ("none", ""):
+        url = None
+    if url and _scrape(url) is None:
+        progress(f"no router metrics at {url}: no time split")
+        url = None
+    runner = _Runner(client, options, encode)
+    n = options.requests or len(prompts)
+    if options.warmup:
+        progress("warm-up")
+        for mode in options.modes:
+            runner.one(prompts[0], mode, max_tokens=8)
+    scenarios = [("closed", c) for c in options.concurrency] + [("poisson", r) for r in options.rates]
+    results = []
+    for kind, x in scenarios:
+        if kind == "closed" and x == 1 and options.interleave:
+            progress(
+                f"closed c=1, modes {', '.join(options.modes)}{' + engine' if engine else ''} interleaved: "
+                f"{n} requests each"
+            )
+            results.extend(_interleaved(runner, prompts, n, options.modes, engine, url))
+            continue
+        for mode in options.modes:
+            name = f"closed c={x}" if kind == "closed" else f"poisson {x}/s"
+            progress(f"{name}, mode {mode}: {n} requests")
+            before = _scrape(url)
+            if kind == "closed":
+                records, wall = _closed_loop(runner, prompts, n, int(x), mode)
+            else:
+                records, wall = _poisson(runner, prompts, n, float(x), mode, options.seed)
+            summary = summarize(records, wall)
+            split = _phase_split(before, _scrape(url))
+            if split is not None:
+                summary["split"] = split
+            results.append(
+                {"scenario": name, "kind": kind, "x": x, "mode": mode, "summary": summary, "records": records}
+            )
+    client.close()
+    for r in results:
+        _add_cost(r["summary"])
+    _add_ratios(results, options.modes)
+    _add_engine_ratios(results)
+    return {"server": info, "options": asdict(options), "results": results}
+
+
+def _add_ratios(results: list[dict], modes: Sequence[str]) -> None:
+    base = {r["scenario"]: r["summary"] for r in results if r["mode"] == "off"}
+    for r in results:
+        off = base.get(r["scenario"])
+        s = r["summary"]
+        if off and r["mode"] not in ("off", "engine") and off.get("throughput_tok_s") and s.get("throughput_tok_s"):
+            s["speedup_vs_off"] = round(s["throughput_tok_s"] / off["throughput_tok_s"], 3)
+            if s.get("tpot_ms_p50") and off.get("tpot_ms_p50"):
+                s["tpot_p50_ratio_vs_off"] = round(s["tpot_ms_p50"] / off["tpot_ms_p50"], 3)
+
+
+def _add_engine_ratios(results: list[dict]) -> None:
+    """Service modes at closed c=1 against the engine's run in the same scenario."""
+    eng = next((r for r in results if r["mode"] == "engine"), None)
+    if eng is None:
+        return
+    es = eng["summary"]
+    by_id = {e["id"]: e["token_ids"] for e in eng["records"] if not e.get("error")}
+    for r in results:
+        if r["kind"] != "closed" or r["x"] != 1 or r["mode"] == "engine":
+            continue
+        s = r["summary"]
+        if s.get("throughput_tok_s") and es.get("throughput_tok_s"):
+            s["service_vs_engine"] = round(s["throughput_tok_s"] / es["throughput_tok_s"], 3)
+        pairs = [(x["token_ids"], by_id[x["id"]]) for x in r["records"] if x["id"] in by_id and not x.get("error")]
+        if pairs:
+            s["agreement_with_engine"] = round(sum(a == b for a, b in pairs) / len(pairs), 3)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    info = result["server"]
+    lines = [
+        f"service {info['address']}: target {info['target']}, draft {info['draft']} ({info['dtype']}, {info['device']})"
+    ]
+    cols = [
+        "scenario",
+        "mode",
+        "req",
+        "err",
+        "tok/s",
+        "vs off",
+        "vs engine",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "accept",
+        "tau",
+        "k",
+        "c",
+        "bound",
+        "fail-open",
+    ]
+    rows = [cols]
+
+    def f(x, nd=2):
+        return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+    for r in result["results"]:
+        s = r["summary"]
+        split = s.get("split") or {}
+        rows.append(
+            [
+                r["scenario"],
+                r["mode"],
+                f(s["requests"]),
+                f(s["errors"]),
+                f(s["throughput_tok_s"]),
+                f(s.get("speedup_vs_off")),
+                f(s.get("service_vs_engine")),
+                f(s["ttft_ms_p50"], 1),
+                f(s["ttft_ms_p99"], 1),
+                f(s["tpot_ms_p50"], 1),
+                f(s["tpot_ms_p99"], 1),
+                f(s["acceptance"]),
+                f(s["tau"]),
+                f(s.get("k_mean")),
+                f(split.get("c")),
+                f(s.get("bound_sequential")),
+                f(s["fail_open_rounds"]),
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    for row in rows:
+        lines.append("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    lines.append(
+        "(ms; tok/s = generated tokens / wall; tau, k = tokens and draft tokens per request-round; c = draft "
+        "wait per draft step / verify time; bound = tau / (k c + 1), sequential)"
+    )
+    for r in result["results"]:
+        split = r["summary"].get("split")
+        if split:
+            parts = [
+                f"{k.replace('_ms_per_round', '')} {v:.1f}" for k, v in split.items() if k.endswith("_ms_per_round")
+            ]
+            extra = f", pre-draft hit rate {split['predraft_hit_rate']:.2f}" if "predraft_hit_rate" in split else ""
+            lines.append(f"  {r['scenario']} {r['mode']}: per round (ms): {', '.join(parts)}{extra}")
+        if r["summary"].get("agreement_with_engine") is not None:
+            lines.append(
+                f"  {r['scenario']} {r['mode']}: greedy output equal to the engine's for "
+                f"{r['summary']['agreement_with_engine']:.0%} of requests"
+            )
+        if r["summary"].get("first_error"):
+            lines.append(f"  {r['scenario']} {r['mode']}: first error: {r['summary']['first_error']}")
+    return "\n".join(lines)

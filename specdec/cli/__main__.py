@@ -1,0 +1,5 @@
+import sys
+
+from specdec.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,105 @@
+"""Assemble an engine from model specs: what `specdec generate`, the benches and the workers share."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from specdec.core.draft_options import DraftOptions
+from specdec.core.drafters import Drafter, ModelDrafter, NgramProposer, NoDrafter
+from specdec.core.engine import KPolicy, SpecEngine
+from specdec.core.models import LoadedModel, load_model
+from specdec.core.ngram import NgramDrafter
+from specdec.core.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+NO_DRAFT = ("none", "off", "")
+NGRAM = "ngram"
+
+
+class IncompatibleModels(ValueError):
+    pass
+
+
+@dataclass
+class EngineParts:
+    target: LoadedModel
+    target_runner: ModelRunner
+    draft: LoadedModel | None
+    drafter: Drafter
+
+
+def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft must speak the target's token ids: same tokenizer vocabulary."""
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise IncompatibleModels(f"draft {draft.name!r} and target {target.name!r} have different tokenizers")
+
+
+def frequency_ranked_vocab(tokenizer, n: int) -> list[int]:
+    """The n most frequent ids of a BPE vocabulary (its lowest ids) plus its special tokens."""
+    specials = [int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})]
+    return sorted(set(range(min(n, len(tokenizer)))) | set(specials))
+
+
+def make_draft_runner(
+    draft: LoadedModel, num_slots: int, max_len: int, options: DraftOptions | None = None
+) -> ModelRunner:
+    options = options or DraftOptions()
+    vocab = None
+    if options.vocab and options.vocab < draft.model.config.vocab_size:
+        vocab = frequency_ranked_vocab(draft.tokenizer, options.vocab)
+    return ModelRunner(
+        draft.model, num_slots=num_slots, max_len=max_len, weight_quant=options.quant, vocab_subset=vocab
+    )
+
+
+def model_drafter_on(runner: ModelRunner, options: DraftOptions | None = None) -> ModelDrafter:
+    """A drafter on a draft runner; several may share one runner if they run one at a time."""
+    options = options or DraftOptions()
+    # Lookup guesses need a match of two tokens or more: a one-token match is mostly noise.
+    return ModelDrafter(runner, lookup=NgramDrafter(min_ngram=2) if options.lookup else None)
+
+
+def make_model_drafter(
+    draft: LoadedModel, num_slots: int, max_len: int, options: DraftOptions | None = None
+) -> ModelDrafter:
+    return model_drafter_on(make_draft_runner(draft, num_slots, max_len, options), options)
+
+
+def make_drafter(
+    spec: str | None,
+    target: LoadedModel,
+    dtype: str,
+    device: str,
+    num_slots: int,
+    max_len: int,
+    options: DraftOptions | None = None,
+) -> tuple[LoadedModel | None, Drafter]:
+    if spec is None or spec.lower() in NO_DRAFT:
+        return None, NoDrafter()
+    if spec.lower() == NGRAM:
+        return None, NgramProposer()
+    draft = load_model(spec, dtype=dtype, device=device)
+    check_same_vocab(target, draft)
+    return draft, make_model_drafter(draft, num_slots, max_len, options)
+
+
+def build_engine(
+    target: str,
+    draft: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    num_slots: int = 8,
+    max_len: int = 2048,
+    k_policy: KPolicy | None = None,
+    verify_mode: str | None = None,
+    draft_options: DraftOptions | None = None,
+) -> tuple[SpecEngine, EngineParts]:
+    tgt = load_model(target, dtype=dtype, device=device)
+    runner = ModelRunner(tgt.model, num_slots=num_slots, max_len=max_len)
+    draft_model, drafter = make_drafter(draft, tgt, dtype, device, num_slots, max_len, draft_options)
+    engine = SpecEngine(
+        runner, tgt.tokenizer, drafter, k_policy=k_policy, eos_token_ids=tgt.eos_token_ids, verify_mode=verify_mode
+    )
+    return engine, EngineParts(tgt, runner, draft_model, drafter)

@@ -1,0 +1,69 @@
+"""How a draft model is made cheaper, and the command-line flags that set it (torch-free).
+
+`specdec generate`, `specdec bench generate` and `python -m draft_worker` share these flags; a flag
+left unset keeps the :class:`DraftOptions` default.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass
+class DraftOptions:
+    """How to make a draft model cheaper; none of it can change the output (the target verifies)."""
+
+    quant: str | None = "int8"  # weight-only int8 on CPU
+    vocab: int | None = 32768  # lm_head over the first N ids (BPE ids are ranked by merge order,
+    #                            i.e. by frequency) plus every special token; None = full vocabulary
+    lookup: bool = True  # the draft model also checks prompt-lookup guesses (ModelDrafter's lookup)
+
+
+def add_draft_option_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = DraftOptions()
+    parser.add_argument(
+        "--draft-quant",
+        choices=["int8", "none"],
+        default=None,
+        help=f"weight-only int8 for the draft model (CPU; default {defaults.quant}); the target is never changed",
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"draft lm_head over the N most frequent ids + special tokens, 0 = full vocabulary "
+        f"(default {defaults.vocab})",
+    )
+    parser.add_argument(
+        "--draft-lookup",
+        choices=["on", "off"],
+        default=None,
+        help="the draft model also checks prompt-lookup guesses, drafting copied text in one forward (default on)",
+    )
+
+
+def draft_option_overrides(args: argparse.Namespace) -> dict:
+    """The DraftOptions fields the flags set (a dict, so it can travel in a worker config)."""
+    out: dict = {}
+    if getattr(args, "draft_quant", None) is not None:
+        out["quant"] = None if args.draft_quant == "none" else args.draft_quant
+    if getattr(args, "draft_vocab", None) is not None:
+        out["vocab"] = args.draft_vocab or None
+    if getattr(args, "draft_lookup", None) is not None:
+        out["lookup"] = args.draft_lookup == "on"
+    return out
+
+
+def draft_options_from_args(args: argparse.Namespace) -> DraftOptions:
+    return replace(DraftOptions(), **draft_option_overrides(args))
+
+
+def draft_options_from_dict(d: dict | None) -> DraftOptions:
+    """DraftOptions from a config dict, refusing unknown keys."""
+    known = {f.name for f in fields(DraftOptions)}
+    unknown = sorted(set(d or {}) - known)
+    if unknown:
+        raise ValueError(f"draft_options: unknown keys {unknown} (known: {sorted(known)})")
+    return DraftOptions(**(d or {}))

@@ -1,0 +1,197 @@
+"""Drafters: propose up to k tokens per sequence behind one small interface.
+
+A drafter sees each sequence as the full list of committed tokens (prompt + generated). It keeps
+whatever cache it likes keyed by request id, and must rebuild it from those tokens when it is
+missing or stale (a restarted worker, a rollback): the committed tokens are the truth.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specdec.core.ngram import NgramDrafter
+from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.round_types import Draft
+from specdec.core.runner import ModelRunner, RunnerError, SlotsExhausted
+from specdec.core.sampling import gumbel_noise, make_generator, process_logits, sample_sparse, sparse_topk
+from specdec.core.slots import SlotTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DraftInput:
+    request_id: str
+    tokens: list[int]  # committed tokens: prompt + generated; the draft continues them
+    params: SamplingParams
+    mode: VerifyMode
+    k: int
+
+
+class Drafter(Protocol):
+    def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+def propose_within_k(drafter: Drafter, inputs: Sequence[DraftInput]) -> list[Draft]:
+    """`drafter.propose`, each draft cut to its input's k: a drafter may return fewer, never more."""
+    drafts = drafter.propose(inputs)
+    for inp, draft in zip(inputs, drafts):
+        del draft.tokens[inp.k :]
+        if draft.probs is not None:
+            del draft.probs[inp.k :]
+    return drafts
+
+
+class NoDrafter:
+    """Target-only decoding through the same loop (k = 0)."""
+
+    def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
+        return [Draft(tokens=[]) for _ in inputs]
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class NgramProposer:
+    """Prompt lookup (no model). Its drafts are point masses, so rejection sampling stays exact."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.ngram = NgramDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
+
+    def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
+        drafts = self.ngram.propose([i.tokens for i in inputs], [i.k for i in inputs])
+        for draft, inp in zip(drafts, inputs):
+            if inp.mode is not VerifyMode.REJECTION:
+                draft.probs = None
+        return drafts
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A draft model on the runner: batched, KV-cached; tokens plus sparse probabilities.
+
+    In rejection mode each token is sampled from the draft's top-K truncated, renormalised
+    distribution, which is sent along (K ids + K probs) so the verifier uses exactly it.
+    In invariant mode the draft uses the same Gumbel noise as the target: argmax(log q + g).
+
+    With `lookup` (greedy and invariant modes, where a draft token is a function of the logits),
+    each forward also feeds up to `max_guesses` prompt-lookup guesses for the next tokens: the
+    draft model checks them at once and keeps the prefix it would have drafted itself, plus its
+    own token where they part. Where the text is a copy, one forward drafts several tokens;
+    elsewhere the round goes on one token per forward.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        top_k_sent: int = 16,
+        lookup: NgramDrafter | None = None,
+        max_guesses: int = 3,
+        cheap_rows: int = 4,
+    ):
+        self.runner = runner
+        self.top_k_sent = top_k_sent
+        self.lookup = lookup
+        self.max_guesses = max_guesses  # per forward: a few more rows cost little in a memory-bound step
+        # ...up to a point: the int8 CPU kernel works in blocks of 4 rows, a fifth row costs a second
+        # block (`specdec bench runner --as-draft --tokens-sweep`, bench/NOTES.md).
+        self.cheap_rows = cheap_rows
+        self.guess_budget: dict[str, int] = {}  # per request: 1 after a miss, max_guesses after a hit
+        self.slots = SlotTable(runner)
+        self.generators: dict[str, torch.Generator] = {}
+
+    def release(self, request_id: str) -> None:
+        self.slots.release(request_id)
+        self.generators.pop(request_id, None)
+        self.guess_budget.pop(request_id, None)
+
+    def _slot(self, inp: DraftInput, busy: set[str]) -> int | None:
+        try:
+            slot, fresh = self.slots.get(inp.request_id, busy)
+        except SlotsExhausted:
+            return None
+        if fresh or inp.request_id not in self.generators:
+            seed = inp.params.seed
+            # Draft randomness must not replay the verifier's stream; offset the seed.
+            self.generators[inp.request_id] = make_generator(None if seed is None else seed + 1)
+        return slot
+
+    def _pick(
+        self, logits: torch.Tensor, inp: DraftInput, position: int
+    ) -> tuple[int, tuple[list[int], list[float]] | None]:
+        if inp.mode is VerifyMode.GREEDY:
+            return int(torch.argmax(logits)), None
+        logq = process_logits(logits, inp.params)
+        if inp.mode is VerifyMode.INVARIANT:
+            noise = gumbel_noise(inp.params.seed, position, logq.shape[-1], device=logq.device)
+            return int(torch.argmax(logq + noise)), None
+        ids, probs = sparse_topk(logq, self.top_k_sent)
+        return sample_sparse(ids, probs, self.generators[inp.request_id]), (ids, probs)
+
+    def _guesses(self, inp: DraftInput, draft: Draft, limit: int, fed: int) -> list[int]:
+        """Prompt-lookup tokens to feed after the `fed` tokens; all right gives one token more."""
+        n = min(self.guess_budget.get(inp.request_id, self.max_guesses), limit - len(draft.tokens) - 1)
+        if fed <= self.cheap_rows:  # a prefill is dear anyway; a decode-sized forward stays cheap
+            n = min(n, self.cheap_rows - fed)
+        if self.lookup is None or inp.mode is VerifyMode.REJECTION or n <= 0:
+            return []
+        return self.lookup.propose_one(inp.tokens + draft.tokens, n).tokens
+
+    def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
+        drafts = [Draft(tokens=[], probs=[] if i.mode is VerifyMode.REJECTION else None) for i in inputs]
+        rows, feeds, guesses, limits = [], [], {}, {}
+        busy = {i.request_id for i in inputs}
+        for b, inp in enumerate(inputs):
+            limits[b] = min(inp.k, self.runner.max_len - len(inp.tokens))
+            if limits[b] <= 0:
+                continue
+            slot = self._slot(inp, busy)
+            if slot is None:  # no slot free: fail open with an empty draft
+                continue
+            keep = min(self.runner.common_prefix(slot, inp.tokens), len(inp.tokens) - 1)
+            self.runner.rollback(slot, keep)
+            guesses[b] = self._guesses(inp, drafts[b], limits[b], fed=len(inp.tokens) - keep)
+            rows.append(b)
+            feeds.append(inp.tokens[keep:] + guesses[b])
+        while rows:
+            slots = [self.slots[inputs[b].request_id] for b in rows]
+            try:
+                logits = self.runner.forward(slots, feeds, [1 + len(guesses[b]) for b in rows])
+            except RunnerError as exc:  # a drafter problem never fails the request
+                log.warning("draft forward failed, proposing nothing more this round: %s", exc)
+                break
+            next_rows, next_feeds = [], []
+            for b, slot, row_logits in zip(rows, slots, logits):
+                inp, draft = inputs[b], drafts[b]
+                kept = self._take(row_logits, inp, draft, guesses[b])
+                if guesses[b]:  # where guesses keep missing, probe with one (a row costs little)
+                    self.guess_budget[inp.request_id] = self.max_guesses if kept else 1
+                # The cache holds the committed tokens and the guesses fed; keep those drafted.
+                self.runner.rollback(slot, len(inp.tokens) + len(draft.tokens) - 1)
+                if len(draft.tokens) < limits[b]:
+                    guesses[b] = self._guesses(inp, draft, limits[b], fed=1)
+                    next_rows.append(b)
+                    next_feeds.append([draft.tokens[-1]] + guesses[b])
+            rows, feeds = next_rows, next_feeds
+        return drafts
+
+    def _take(self, row_logits: torch.Tensor, inp: DraftInput, draft: Draft, guessed: list[int]) -> int:
+        """Draft from logits [1 + len(guessed), vocab] while the model's picks equal the guesses;
+        return how many guesses were kept."""
+        for j, logits in enumerate(row_logits):
+            token, sparse = self._pick(logits, inp, len(inp.tokens) + len(draft.tokens))
+            draft.tokens.append(token)
+            if sparse is not None:
+                draft.probs.append(sparse)
+            if j >= len(guessed) or token != guessed[j]:
+                return j
+        return len(guessed)

@@ -1,0 +1,52 @@
+"""Weight-only int8 for draft models: half the bytes a memory-bound decode step has to read.
+
+Only drafters use it: a draft's numbers may change (verification keeps the output lossless), the
+target's never do. Per-output-channel symmetric scales; the matmul is torch's fused
+int8-weight kernel (`aten._weight_int8pack_mm`), the one gpt-fast uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# The int8 kernel pays off for decode-sized inputs only; a prefill (many rows) is faster on the
+# dense weights, which the transformers model keeps anyway (no extra memory).
+INT8_MAX_ROWS = 8
+
+
+@dataclass
+class Int8Weight:
+    q: torch.Tensor  # [out, in] int8
+    scale: torch.Tensor  # [out], in the activation dtype
+    dense: torch.Tensor  # the original weights, for inputs of many rows
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+
+def quantize_int8(w: torch.Tensor) -> Int8Weight:
+    scale = w.float().abs().amax(dim=1).clamp_min(1e-8) / 127.0
+    q = torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return Int8Weight(q.contiguous(), scale.to(w.dtype), w)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, bias)
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] > INT8_MAX_ROWS:
+        return F.linear(x, w.dense, bias)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    out = torch.ops.aten._weight_int8pack_mm(flat, w.q, w.scale).view(*x.shape[:-1], w.q.shape[0])
+    return out if bias is None else out + bias
+
+
+def int8_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """The fused kernel pays on the CPU for bf16 activations; with float32 it is slower than dense,
+    so keep dense there (figures: bench/NOTES.md)."""
+    return device.type == "cpu" and dtype == torch.bfloat16

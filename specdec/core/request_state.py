@@ -1,0 +1,175 @@
+"""Per-request state of the speculative loop, free of torch: shared by the engine and the router.
+
+A `RequestState` owns the committed tokens of one request (DESIGN.md invariant 1): it says how
+many tokens to draft next round, and commits a round's verified tokens through the stop rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.core.adaptive_k import AdaptiveK
+from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.stops import StopChecker
+
+
+@dataclass
+class RequestStats:
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    fail_open_rounds: int = 0  # rounds verified with k = 0 because the draft was late or gone
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        for counts, n in ((self.drafted_per_position, drafted), (self.accepted_per_position, accepted)):
+            counts.extend([0] * (n - len(counts)))
+            for j in range(n):
+                counts[j] += 1
+
+    def as_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "fail_open_rounds": self.fail_open_rounds,
+            "accepted_per_position": list(self.accepted_per_position),
+            "drafted_per_position": list(self.drafted_per_position),
+        }
+
+
+@dataclass
+class KPolicy:
+    """Fixed k, or adaptive within [k_min, k_max] from each request's acceptance history."""
+
+    k: int = 4
+    adaptive: bool = False
+    k_min: int = 1
+    k_max: int = 12
+    cost_ratio: float = 0.4  # c = draft step / target step, for the adaptive choice
+
+    def make(self) -> AdaptiveK | None:
+        if not self.adaptive:
+            return None
+        return AdaptiveK(k_min=self.k_min, k_max=self.k_max, k_init=self.k, c=self.cost_ratio)
+
+
+@dataclass
+class CostMeter:
+    """Measured costs of a round, in units of a target step, for the adaptive choice of k.
+
+    c: draft time per draft token / verify time (EWMA). The draft step is a round's drafting time
+    divided by its longest draft (steps run batched); the target step is the round's verify time.
+    r: what one more verified token adds to a verify, relative to a one-token verify. A verify is
+    flat in k only while it stays memory-bound (on 2 CPU cores it grows past ~5 tokens), so each
+    draft token costs c + r; r comes from a least-squares line through recent rounds' (tokens
+    verified, verify seconds), 0 until rounds of different sizes have been seen.
+    """
+
+    c: float = 0.4
+    weight: float = 0.2  # of each new round, for c
+    line_weight: float = 0.05  # for the verify line: a longer memory, to span many sizes
+    _moments: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)  # 1, n, t, n^2, n t
+
+    def update(self, draft_seconds: float, draft_steps: int, verify_seconds: float, verified_tokens: int = 0) -> float:
+        if draft_steps > 0 and verify_seconds > 0:
+            sample = (draft_seconds / draft_steps) / verify_seconds
+            self.c += self.weight * (sample - self.c)
+        if verified_tokens > 0 and verify_seconds > 0:
+            n, t = float(verified_tokens), verify_seconds
+            for i, x in enumerate((1.0, n, t, n * n, n * t)):
+                self._moments[i] += self.line_weight * (x - self._moments[i])
+        return self.c
+
+    @property
+    def r(self) -> float:
+        w, n, t, nn, nt = self._moments
+        if w <= 0:
+            return 0.0
+        n, t, nn, nt = n / w, t / w, nn / w, nt / w
+        var = nn - n * n
+        if var < 0.25:  # all rounds (nearly) the same size: no slope to see
+            return 0.0
+        slope = (nt - n * t) / var
+        one_token = t - slope * (n - 1.0)
+        return min(max(slope / one_token, 0.0), 1.0) if one_token > 0 else 0.0
+
+    @property
+    def per_token(self) -> float:
+        """Cost of one more draft token (drafting it and verifying it), in target steps."""
+        return self.c + self.r
+
+
+@dataclass
+class RequestState:
+    id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    mode: VerifyMode
+    stops: StopChecker
+    adaptive: AdaptiveK | None = None
+    fixed_k: int = 0
+    tokens: list[int] = field(default_factory=list)  # prompt + committed generated tokens
+    finish_reason: str | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt_ids)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.prompt_ids) :]
+
+    @property
+    def text(self) -> str:
+        return self.stops.text
+
+    def next_k(self, max_context: int, cost_ratio: float | None = None) -> int:
+        """Draft length for the next round, bounded by what may still be emitted and by the context."""
+        if self.adaptive is not None and cost_ratio is not None:
+            self.adaptive.c = cost_ratio
+        k = self.adaptive.next_k() if self.adaptive is not None else self.fixed_k
+        remaining = self.params.max_tokens - len(self.generated) - 1  # the target adds one token itself
+        return max(0, min(k, remaining, max_context - len(self.tokens)))
+
+    def commit(self, verified: list[int], num_accepted: int, drafted: int, max_context: int) -> list[int]:
+        """Apply the stop rules to a round's verified tokens; return the tokens committed."""
+        committed, finish = self.stops.accept(verified)
+        self.stats.record(drafted, min(num_accepted, len(committed)))  # nothing past a stop counts
+        if self.adaptive is not None and drafted:
+            self.adaptive.update(drafted, num_accepted)
+        self.tokens.extend(committed)
+        if finish is None and len(self.tokens) >= max_context:
+            finish = "length"
+        self.finish_reason = finish
+        return committed
+
+
+def new_request(
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    mode: VerifyMode,
+    k_policy: KPolicy,
+    eos_token_ids: set[int],
+    decode,
+) -> RequestState:
+    return RequestState(
+        id=request_id,
+        prompt_ids=list(prompt_ids),
+        params=params,
+        mode=mode,
+        stops=StopChecker(params, eos_token_ids, decode, prompt_tokens=prompt_ids),
+        adaptive=k_policy.make(),
+        fixed_k=k_policy.k,
+    )

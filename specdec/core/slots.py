@@ -1,0 +1,59 @@
+"""Request id -> KV slot, with least-recently-used eviction.
+
+Worker caches are caches (DESIGN.md invariant 1): when every slot is taken, the slot of the
+request idle the longest may be reused, because a request that comes back brings its committed
+tokens and its cache is rebuilt from them. So a router that died without releasing its requests
+cannot leave a worker full for good.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Collection
+
+from specdec.core.runner import ModelRunner, SlotsExhausted
+
+log = logging.getLogger(__name__)
+
+
+class SlotTable:
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self._slots: OrderedDict[str, int] = OrderedDict()  # oldest use first
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._slots
+
+    def __getitem__(self, request_id: str) -> int:
+        return self._slots[request_id]
+
+    @property
+    def free(self) -> int:
+        return self.runner.free_slots
+
+    def get(self, request_id: str, busy: Collection[str] = ()) -> tuple[int, bool]:
+        """The request's slot (marked as just used) and whether it is new; evicts the least recently
+        used request outside `busy` when no slot is free."""
+        if request_id in self._slots:
+            self._slots.move_to_end(request_id)
+            return self._slots[request_id], False
+        if self.runner.free_slots == 0:
+            victim = next((rid for rid in self._slots if rid not in busy and rid != request_id), None)
+            if victim is None:
+                raise SlotsExhausted(f"all {self.runner.num_slots} KV-cache slots are in use by this batch")
+            log.info("evicting the idle cache of %s for %s", victim, request_id)
+            self.release(victim)
+        self._slots[request_id] = self.runner.alloc_slot()
+        return self._slots[request_id], True
+
+    def release(self, request_id: str) -> bool:
+        slot = self._slots.pop(request_id, None)
+        if slot is None:
+            return False
+        self.runner.free_slot(slot)
+        return True
+
+    def evictable(self, busy: Collection[str]) -> int:
+        """How many new requests a batch touching `busy` could place (free + idle slots)."""
+        return self.runner.free_slots + sum(1 for rid in self._slots if rid not in busy)

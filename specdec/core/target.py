@@ -1,0 +1,109 @@
+"""The target side of a round: batched verification over the runner, keyed by request id.
+
+Used by the single-process engine and by the target worker alike. The cache of a request is a
+cache: each call carries the request's committed tokens, and the verifier rolls its slot back to
+the longest prefix it still holds and feeds the rest, so a missing or stale cache (a restarted
+worker, a replaced router) is rebuilt from the tokens alone (DESIGN.md invariant 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.round_types import Draft, VerifyResult
+from specdec.core.runner import ModelRunner, SlotsExhausted
+from specdec.core.sampling import make_generator
+from specdec.core.slots import SlotTable
+from specdec.core.verify import verify
+
+
+@dataclass
+class VerifyItem:
+    request_id: str
+    tokens: list[int]  # committed tokens: prompt + generated
+    params: SamplingParams
+    mode: VerifyMode
+    draft: Draft
+
+
+class TargetVerifier:
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self.slots = SlotTable(runner)
+        self.generators: dict[str, torch.Generator] = {}
+
+    @property
+    def free_slots(self) -> int:
+        return self.runner.free_slots
+
+    def has(self, request_id: str) -> bool:
+        return request_id in self.slots
+
+    def capacity_for(self, request_ids: Sequence[str]) -> tuple[int, int]:
+        """(new requests among `request_ids`, how many new ones fit: free + evictable idle slots)."""
+        new = sum(1 for rid in request_ids if rid not in self.slots)
+        return new, self.slots.evictable(set(request_ids))
+
+    def _slot(self, request_id: str, params: SamplingParams, busy: set[str]) -> int:
+        slot, fresh = self.slots.get(request_id, busy)
+        if fresh or request_id not in self.generators:
+            self.generators[request_id] = make_generator(params.seed)
+        return slot
+
+    def _sync(self, items: Sequence[tuple[str, list[int], SamplingParams]], upto: Sequence[int]) -> list[int]:
+        """Roll each request's slot back to what it shares with its tokens; return the kept lengths.
+
+        Checks capacity first, so a batch that cannot be placed changes nothing."""
+        busy = {rid for rid, _, _ in items}
+        new, fits = self.capacity_for([rid for rid, _, _ in items])
+        if new > fits:
+            raise SlotsExhausted(f"{new} new sequences but only {fits} of {self.runner.num_slots} KV slots can be used")
+        kept = []
+        for (rid, tokens, params), n in zip(items, upto):
+            slot = self._slot(rid, params, busy)
+            keep = min(self.runner.common_prefix(slot, tokens), n)
+            self.runner.rollback(slot, keep)
+            kept.append(keep)
+        return kept
+
+    def prefill(self, items: Sequence[tuple[str, list[int], SamplingParams]]) -> None:
+        """Cache all but the last token of each sequence (its logits come with the first verify)."""
+        kept = self._sync(items, [len(toks) - 1 for _, toks, _ in items])
+        rows = [(self.slots[rid], toks[k:-1]) for (rid, toks, _), k in zip(items, kept) if k < len(toks) - 1]
+        if rows:
+            self.runner.forward([s for s, _ in rows], [f for _, f in rows], num_logits=0)
+
+    def verify(self, items: Sequence[VerifyItem]) -> list[VerifyResult]:
+        """One batched forward of [uncached committed tokens] + draft per item, then verification."""
+        if not items:
+            return []
+        kept = self._sync([(i.request_id, i.tokens, i.params) for i in items], [len(i.tokens) - 1 for i in items])
+        feeds = [i.tokens[k:] + i.draft.tokens for i, k in zip(items, kept)]
+        logits = self.runner.forward(
+            [self.slots[i.request_id] for i in items], feeds, num_logits=[len(i.draft.tokens) + 1 for i in items]
+        )
+        results = []
+        for item, row_logits in zip(items, logits):
+            result = verify(
+                row_logits,
+                item.draft,
+                item.params,
+                item.mode,
+                start_pos=len(item.tokens),
+                generator=self.generators[item.request_id],
+            )
+            # Keep the committed tokens and the accepted drafts; the target's own token is fed next round.
+            self.runner.rollback(self.slots[item.request_id], len(item.tokens) + result.num_accepted)
+            results.append(result)
+        return results
+
+    def release(self, request_id: str) -> None:
+        self.slots.release(request_id)
+        self.generators.pop(request_id, None)
+
+
+__all__ = ["TargetVerifier", "VerifyItem", "SlotsExhausted"]

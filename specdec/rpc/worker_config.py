@@ -1,0 +1,92 @@
+"""What a draft or target worker is configured with, and the strict dict -> dataclass rule every
+config section follows (unknown keys are refused, naming the section)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.core.dtypes import DTYPE_NAMES
+
+__all__ = ["WorkerConfig", "strict_from_dict"]
+
+
+def strict_from_dict(cls, d: dict[str, Any] | None, section: str):
+    """Build dataclass `cls` from `d`, refusing unknown keys with a message naming the section."""
+    d = dict(d or {})
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"{section}: unknown keys {unknown} (known: {sorted(known)})")
+    return cls(**d)
+
+
+@dataclass
+class WorkerConfig:
+    """One worker's configuration; the dict form is what the Ray actors take.
+
+    model: pack name, HF folder, .gguf file, hub id, or "ngram" (draft workers only).
+    dtype / device: compute dtype ("float32" | "bfloat16" | "float16") and device ("cpu" | "cuda").
+    num_slots / max_len: KV-cache sequences and tokens per sequence.
+    host / port: where gRPC binds (port 0 = any free port). A wildcard host ("0.0.0.0", "::")
+    binds every interface and advertises ``advertise_host`` (or the node's address under Ray).
+    threads: torch.set_num_threads (None = leave as is). grpc_threads: the server's thread pool.
+    top_k_sent: ids + probs per draft position in rejection mode (model drafters).
+    draft_options: keyword arguments of :class:`specdec.core.draft_options.DraftOptions` (quant, vocab, lookup) for
+    model drafters; None = its defaults, the same as ``specdec generate``.
+    max_ngram / min_ngram: n-gram drafter window (model "ngram").
+    """
+
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    num_slots: int = 8
+    max_len: int = 2048
+    host: str = "127.0.0.1"
+    port: int = 0
+    threads: int | None = None
+    advertise_host: str | None = None
+    grpc_threads: int = 4
+    top_k_sent: int = 16
+    draft_options: dict | None = None
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str) -> ValueError:
+            return ValueError(f"worker config {key!r}: {why}")
+
+        if not isinstance(self.model, str) or not self.model:
+            raise bad("model", "must be a non-empty string (pack name, folder, .gguf file, hub id or 'ngram')")
+        if self.dtype not in DTYPE_NAMES:
+            raise bad("dtype", f"must be one of {DTYPE_NAMES} (got {self.dtype!r})")
+        if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise bad("device", f"must be 'cpu' or 'cuda[:N]' (got {self.device!r})")
+        for key in ("num_slots", "max_len", "grpc_threads", "top_k_sent", "max_ngram", "min_ngram"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(key, f"must be an integer >= 1 (got {value!r})")
+        if self.min_ngram > self.max_ngram:
+            raise bad("min_ngram", f"must be <= max_ngram ({self.max_ngram})")
+        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
+            raise bad("port", f"must be in [0, 65535], 0 = any free port (got {self.port!r})")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise bad("threads", f"must be an integer >= 1 or None (got {self.threads!r})")
+        if self.draft_options is not None and not isinstance(self.draft_options, dict):
+            raise bad("draft_options", f"must be a dict of DraftOptions fields or None (got {self.draft_options!r})")
+
+    @classmethod
+    def from_dict(cls, config: dict | WorkerConfig) -> WorkerConfig:
+        if isinstance(config, WorkerConfig):
+            return config
+        if "model" not in config:
+            raise ValueError("worker config: 'model' is required")
+        return strict_from_dict(cls, config, "worker config")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def wildcard(self) -> bool:
+        return self.host in ("0.0.0.0", "::", "", "[::]")
