@@ -188,6 +188,7 @@ def check_agreement(docs: list[dict], cluster: dict) -> None:
     assert all(p["grpc"]["port"] == port for p in probes), "gRPC probes on the API port"
     assert router["readinessProbe"]["grpc"].get("service") == HEALTH_SERVICE
     assert head["metadata"]["annotations"]["prometheus.io/port"] == str(metrics_port), "scrape annotation"
+    assert "prometheus.io/scrape" not in (svc["metadata"].get("annotations") or {}), "scraped twice"
     svc_ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
     assert svc_ports == {"grpc": (port, "grpc"), "metrics": (metrics_port, "metrics")}, f"Service {svc_ports}"
     labels = {t: tmpl["metadata"]["labels"] for t, tmpl in pod_templates(rc).items()}
