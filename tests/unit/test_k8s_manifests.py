@@ -10,7 +10,8 @@ configs/cluster.yaml, and every check is shown to fail on a broken copy.
   fields the chart does not set. Its pod templates also validate as core PodTemplates.
 * Agreement: the Ray resource names and the router's ports of configs/cluster.yaml (the one
   source) in the serve config, worker groups, container ports, probes, Service and scrape
-  annotations; GPUs, threads and pool sizes fit the pods; the GPU overlay is cluster.yaml.
+  annotations; GPUs, threads and pool sizes fit the pods; Ray's own KubeRay autoscaler code sees
+  a node type with room for every pool's actors; the GPU overlay is cluster.yaml.
 * Dockerfile: hadolint, and the image rules (python:3.11-slim, no model weights).
 """
 
@@ -31,6 +32,7 @@ import pytest
 import yaml
 
 from cluster.config import ServeConfig
+from specdec.rpc.serving import actor_options
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -143,6 +145,30 @@ def _cpus(quantity: str) -> float:
     return float(q[:-1]) / 1000 if q.endswith("m") else float(q)
 
 
+def actor_demand(placement: dict) -> dict[str, float]:
+    """The Ray resources a pool's actor asks for (what the worker's spawn passes to Ray)."""
+    opts = actor_options(placement, {})
+    demand = {"CPU": opts["num_cpus"], "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})}
+    if opts.get("accelerator_type"):
+        demand[f"accelerator_type:{opts['accelerator_type']}"] = 0.001  # how Ray spells accelerator_type=
+    return {k: v for k, v in demand.items() if v}
+
+
+def check_autoscaler_can_place(rc: dict, cfg: ServeConfig) -> None:
+    """Ray's KubeRay autoscaler (its own code) sees a node type for each pool's actors, and room for them."""
+    from ray.autoscaler._private.kuberay.autoscaling_config import _generate_available_node_types_from_ray_cr_spec
+
+    node_types = _generate_available_node_types_from_ray_cr_spec(rc["spec"])
+    for role, pool in (("target", cfg.target), ("draft", cfg.draft)):
+        if pool is None:
+            continue
+        demand = actor_demand(pool.placement)
+        fits = {name: min(t["resources"].get(k, 0) // v for k, v in demand.items())
+                for name, t in node_types.items()}
+        room = sum(n * node_types[name]["max_workers"] for name, n in fits.items())
+        assert room >= pool.replicas, f"{role}: the autoscaler has room for {room} of {pool.replicas} ({demand})"
+
+
 def check_agreement(docs: list[dict], cluster: dict) -> None:
     """Resource names and ports as configs/cluster.yaml has them, everywhere the manifests use them."""
     port, metrics_port = cluster["router"]["port"], cluster["router"]["metrics_port"]
@@ -175,6 +201,8 @@ def check_agreement(docs: list[dict], cluster: dict) -> None:
         assert (gpus > 0) == pool.worker.device.startswith("cuda"), f"{role}: device {pool.worker.device}"
         assert not gpus or group["template"]["spec"].get("nodeSelector"), f"{role}: GPU pods need a node selector"
         assert pool.worker.threads <= _cpus(worker["resources"]["limits"]["cpu"]), f"{role}: threads > CPUs"
+
+    check_autoscaler_can_place(rc, cfg)
 
     head = spec["headGroupSpec"]["template"]
     router = _container(head, "router")
@@ -290,6 +318,12 @@ def _router(d):
     return _container(d["spec"]["headGroupSpec"]["template"], "router")
 
 
+def _edit_serve(cm: dict, edit) -> None:
+    serve = yaml.safe_load(cm["data"]["serve.yaml"])
+    edit(serve)
+    cm["data"]["serve.yaml"] = yaml.safe_dump(serve)
+
+
 BROKEN_AGREEMENT = {
     "Service port": ("Service", lambda d: d["spec"]["ports"][0].update(port=50052)),
     "router metrics port": ("RayCluster", lambda d: _router(d)["ports"][1].update(containerPort=9401)),
@@ -300,8 +334,11 @@ BROKEN_AGREEMENT = {
                         ["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "2"})),
     "draft group's Ray resource": ("RayCluster", lambda d: d["spec"]["workerGroupSpecs"][1].update(
         resources={"draft_gpus": "1"})),
-    "serve config resource": ("ConfigMap", lambda d: d["data"].update(
-        {"serve.yaml": d["data"]["serve.yaml"].replace("target_gpu", "target_gpus")})),
+    "serve config resource": ("ConfigMap", lambda d: _edit_serve(
+        d, lambda cfg: cfg["target"]["placement"].update(resources={"target_gpus": 1}))),
+    # what configs/cluster.yaml asks under `ray up`: KubeRay's autoscaler never offers it
+    "accelerator_type in a placement": ("ConfigMap", lambda d: _edit_serve(
+        d, lambda cfg: cfg["target"]["placement"].update(accelerator_type="A100"))),
     "PDB selector": ("PodDisruptionBudget", lambda d: d["spec"]["selector"]["matchLabels"].update(
         {"app.kubernetes.io/component": "router"})),
 }
