@@ -1,0 +1,119 @@
+{{/* Names: the release name, trimmed to fit the suffixes KubeRay adds (-head-svc, -<group>-worker-<id>). */}}
+{{- define "specdec.name" -}}
+{{- .Release.Name | trunc 30 | trimSuffix "-" -}}
+{{- end }}
+
+{{- define "specdec.labels" -}}
+app.kubernetes.io/name: specdec
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{/* Pod selector labels; component: head (Ray head + router), draft or target. */}}
+{{- define "specdec.selector" -}}
+app.kubernetes.io/name: specdec
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "specdec.image" -}}
+{{ printf "%s:%s" .Values.image.repository .Values.image.tag | quote }}
+{{- end }}
+
+{{/* Environment shared by every specdec process: the pack cache, no hub access, Ray's auth mode. */}}
+{{- define "specdec.env" -}}
+- name: SPECDEC_CACHE
+  value: {{ .Values.models.mountPath | quote }}
+- name: HF_HUB_OFFLINE
+  value: "1"
+{{- if ne .Values.rayAuth.mode "token" }}
+# Ray token auth is off (rayAuth.mode); in token mode KubeRay sets RAY_AUTH_MODE itself.
+- name: RAY_AUTH_MODE
+  value: disabled
+{{- end }}
+{{- end }}
+
+{{/* The model-pack volume: a shared PVC, or an emptyDir per pod. */}}
+{{- define "specdec.modelsVolume" -}}
+- name: models
+{{- if .Values.models.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.models.existingClaim }}
+{{- else }}
+  emptyDir:
+    sizeLimit: {{ .Values.models.sizeLimit }}
+{{- end }}
+{{- end }}
+
+{{- define "specdec.modelsMount" -}}
+- name: models
+  mountPath: {{ .Values.models.mountPath }}
+{{- end }}
+
+{{/* Pack names a pod needs: its pool's model (and the target's tokenizer), never "ngram". */}}
+{{- define "specdec.packs" -}}
+{{- $packs := list -}}
+{{- range .pools -}}
+{{- if and . .model (ne (lower .model) "ngram") -}}{{- $packs = append $packs .model -}}{{- end -}}
+{{- if and . .tokenizer -}}{{- $packs = append $packs .tokenizer -}}{{- end -}}
+{{- end -}}
+{{- $packs | uniq | join " " -}}
+{{- end }}
+
+{{/* Init container: prepare the packs into the models volume before anything loads them.
+     Args: root, packs (space-separated), resources. Idempotent: a prepared pack is skipped. */}}
+{{- define "specdec.prepareModels" -}}
+- name: prepare-models
+  image: {{ include "specdec.image" .root }}
+  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  command: ["specdec", "models", "prepare", "--quiet"]
+  args: {{ splitList " " .packs | toJson }}
+  env:
+    {{- include "specdec.env" .root | nindent 4 }}
+    {{- with .root.Values.models.env }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  resources:
+    {{- toYaml .resources | nindent 4 }}
+  securityContext:
+    {{- include "specdec.containerSecurity" .root | nindent 4 }}
+  volumeMounts:
+    {{- include "specdec.modelsMount" .root | nindent 4 }}
+{{- end }}
+
+{{/* The serve config: .Values.serve plus what has to agree with the manifests. */}}
+{{- define "specdec.serveConfig" -}}
+{{- $cfg := deepCopy .Values.serve -}}
+{{- $_ := set $cfg "ray" (merge (dict "address" "auto") ($cfg.ray | default dict)) -}}
+{{- $router := $cfg.router | default dict -}}
+{{- $_ := set $router "host" "0.0.0.0" -}}
+{{- $_ := set $router "port" (int .Values.router.port) -}}
+{{- $_ := set $router "metrics_host" "0.0.0.0" -}}
+{{- $_ := set $router "metrics_port" (int .Values.router.metricsPort) -}}
+{{- $_ := set $cfg "router" $router -}}
+{{- range $role := list "target" "draft" -}}
+{{- $pool := get $cfg $role -}}
+{{- if $pool -}}
+{{- $group := get $.Values $role -}}
+{{- $placement := dict "resources" (dict $group.rayResource 1) -}}
+{{- if gt (int $group.gpus) 0 -}}{{- $_ := set $placement "num_gpus" (int $group.gpus) -}}{{- end -}}
+{{- $_ := set $pool "placement" $placement -}}
+{{- $_ := set $pool "host" "0.0.0.0" -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $cfg -}}
+{{- end }}
+
+{{- define "specdec.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: 1000                  # the image's user (Dockerfile)
+runAsGroup: 1000
+fsGroup: 1000                    # the models volume is writable by it
+{{- end }}
+
+{{- define "specdec.containerSecurity" -}}
+allowPrivilegeEscalation: false
+capabilities: {drop: [ALL]}
+{{- end }}

@@ -1,0 +1,410 @@
+"""The Kubernetes deployment (k8s/, Dockerfile): every rendered manifest validates and agrees with
+configs/cluster.yaml, and every check is shown to fail on a broken copy.
+
+* Rendering: the Helm chart k8s/specdec with each overlay, through Helm's own engine
+  (helm-python-sdk, scripts/render_k8s.py), offline.
+* Core kinds: kubernetes-validate in strict mode (unknown fields are errors) for Kubernetes
+  K8S_VERSIONS: the chart's floor and the newest kubernetes-validate ships.
+* RayCluster: the openAPIV3Schema of KubeRay 1.7.0's CRD (../shared/schemas/kuberay/, beside the
+  clone), made strict like the API server's strict field validation; its two CEL rules concern
+  fields the chart does not set. Its pod templates also validate as core PodTemplates.
+* Agreement: the Ray resource names and the router's ports of configs/cluster.yaml (the one
+  source) in the serve config, worker groups, container ports, probes, Service and scrape
+  annotations; GPUs, threads and pool sizes fit the pods; Ray's own KubeRay autoscaler code sees
+  a node type with room for every pool's actors; the GPU overlay is cluster.yaml.
+* Dockerfile: hadolint, and the image rules (python:3.11-slim, no model weights).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from cluster.config import ServeConfig
+from specdec.rpc.serving import actor_options
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "k8s"
+CLUSTER_YAML = REPO / "configs" / "cluster.yaml"
+KUBERAY_CRD = REPO.parent / "shared" / "schemas" / "kuberay" / "ray.io_rayclusters.yaml"
+K8S_VERSIONS = ("1.30.0", "1.37.0")
+HEALTH_SERVICE = "specdec.v1.Generation"
+
+OVERLAYS = {  # name: (values file, overrides)
+    "defaults": (None, {}),
+    "cpu-demo": (K8S / "values-cpu-demo.yaml", {}),
+    "cpu-demo-no-draft": (K8S / "values-cpu-demo.yaml", {"serve": {"draft": None}}),  # Helm: null drops a key
+    "gpu": (K8S / "values-gpu.yaml", {}),
+    # what the Ray token-auth issue and a shared model volume switch on
+    "gpu-token-pvc": (K8S / "values-gpu.yaml", {"rayAuth": {"mode": "token"},
+                                                "models": {"existingClaim": "specdec-models"}}),
+}
+
+
+def _load_renderer():
+    spec = importlib.util.spec_from_file_location("render_k8s", REPO / "scripts" / "render_k8s.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+render_k8s = _load_renderer()
+
+
+@functools.lru_cache(maxsize=None)
+def _rendered(name: str) -> tuple[dict, ...]:
+    values, overrides = OVERLAYS[name]
+    return tuple(render_k8s.render(values, overrides))
+
+
+def rendered(name: str, **overrides) -> list[dict]:
+    """The overlay's manifests (a fresh copy; ``overrides`` are values on top of the overlay)."""
+    if overrides:
+        values, base = OVERLAYS[name]
+        return render_k8s.render(values, render_k8s.merge_values(base, overrides))
+    return copy.deepcopy(list(_rendered(name)))
+
+
+def cluster_yaml() -> dict:
+    return yaml.safe_load(CLUSTER_YAML.read_text())
+
+
+def _strict(schema):
+    """Unknown fields become errors, as with the API server's strict field validation."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if ("properties" in schema and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def raycluster_validator() -> jsonschema.Draft7Validator:
+    if not KUBERAY_CRD.is_file():
+        pytest.fail(f"KubeRay CRD schema not found at {KUBERAY_CRD}: the tests expect shared/ beside the "
+                    "repository clone (../shared/schemas/kuberay/ray.io_rayclusters.yaml)")
+    with KUBERAY_CRD.open() as f:
+        crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = _strict(v1["schema"]["openAPIV3Schema"])
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+# --------------------------------------------------------------------------- the checks
+
+def pod_templates(rc: dict) -> dict[str, dict]:
+    spec = rc["spec"]
+    return {"head": spec["headGroupSpec"]["template"],
+            **{g["groupName"]: g["template"] for g in spec["workerGroupSpecs"]}}
+
+
+def check_schemas(doc: dict) -> None:
+    """Core kinds: kubernetes-validate --strict; RayCluster: the CRD schema; anything else fails."""
+    if doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayCluster":
+        errors = sorted(raycluster_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
+        if errors:
+            raise AssertionError("RayCluster does not match the KubeRay CRD:\n" + "\n".join(
+                f"  {'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors))
+        for name, template in pod_templates(doc).items():
+            check_schemas({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name},
+                           "template": template})
+        return
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)  # SchemaNotFoundError for unknown kinds
+
+
+def _one(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def _container(template: dict, name: str) -> dict:
+    (c,) = [c for c in template["spec"]["containers"] if c["name"] == name]
+    return c
+
+
+def _cpus(quantity: str) -> float:
+    q = str(quantity)
+    return float(q[:-1]) / 1000 if q.endswith("m") else float(q)
+
+
+def actor_demand(placement: dict) -> dict[str, float]:
+    """The Ray resources a pool's actor asks for (what the worker's spawn passes to Ray)."""
+    opts = actor_options(placement, {})
+    demand = {"CPU": opts["num_cpus"], "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})}
+    if opts.get("accelerator_type"):
+        demand[f"accelerator_type:{opts['accelerator_type']}"] = 0.001  # how Ray spells accelerator_type=
+    return {k: v for k, v in demand.items() if v}
+
+
+def check_autoscaler_can_place(rc: dict, cfg: ServeConfig) -> None:
+    """Ray's KubeRay autoscaler (its own code) sees a node type for each pool's actors, and room for them."""
+    from ray.autoscaler._private.kuberay.autoscaling_config import _generate_available_node_types_from_ray_cr_spec
+
+    node_types = _generate_available_node_types_from_ray_cr_spec(rc["spec"])
+    for role, pool in (("target", cfg.target), ("draft", cfg.draft)):
+        if pool is None:
+            continue
+        demand = actor_demand(pool.placement)
+        fits = {name: min(t["resources"].get(k, 0) // v for k, v in demand.items())
+                for name, t in node_types.items()}
+        room = sum(n * node_types[name]["max_workers"] for name, n in fits.items())
+        assert room >= pool.replicas, f"{role}: the autoscaler has room for {room} of {pool.replicas} ({demand})"
+
+
+def check_agreement(docs: list[dict], cluster: dict) -> None:
+    """Resource names and ports as configs/cluster.yaml has them, everywhere the manifests use them."""
+    port, metrics_port = cluster["router"]["port"], cluster["router"]["metrics_port"]
+    names = {role: set(cluster[role]["placement"]["resources"]) for role in ("target", "draft")}
+
+    cm, rc, svc = _one(docs, "ConfigMap"), _one(docs, "RayCluster"), _one(docs, "Service")
+    serve = yaml.safe_load(cm["data"]["serve.yaml"])
+    cfg = ServeConfig.from_dict(serve)  # the same strict parser `specdec serve` uses
+    assert serve["ray"]["address"] == "auto"
+    assert (cfg.router.port, cfg.router.metrics_port) == (port, metrics_port), "serve config ports"
+
+    spec = rc["spec"]
+    assert spec["enableInTreeAutoscaling"] is True and spec["autoscalerOptions"]
+    groups = {g["groupName"]: g for g in spec["workerGroupSpecs"]}
+    assert not spec["headGroupSpec"].get("resources"), "the head offers no worker resources"
+    for role, pool in (("target", cfg.target), ("draft", cfg.draft)):
+        if pool is None:
+            continue
+        wanted = pool.placement["resources"]
+        assert set(wanted) == names[role], f"{role} placement asks for {set(wanted)}, cluster.yaml {names[role]}"
+        offering = [g for g in groups.values() if set(wanted) <= set(g.get("resources") or {})]
+        assert len(offering) == 1, f"{role}: {len(offering)} worker groups offer {sorted(wanted)}"
+        group = offering[0]
+        assert all(float(group["resources"][k]) >= v for k, v in wanted.items()), f"{role}: one replica per pod"
+        assert group["minReplicas"] <= group.get("replicas", 0) <= group["maxReplicas"], f"{role} replica bounds"
+        assert pool.replicas <= group["maxReplicas"], f"{role}: {pool.replicas} replicas cannot fit the group"
+        worker = group["template"]["spec"]["containers"][0]
+        gpus = int(worker["resources"].get("limits", {}).get("nvidia.com/gpu", 0))
+        assert gpus == int(pool.placement.get("num_gpus", 0)), f"{role}: pod GPUs {gpus} != placement"
+        assert (gpus > 0) == pool.worker.device.startswith("cuda"), f"{role}: device {pool.worker.device}"
+        assert not gpus or group["template"]["spec"].get("nodeSelector"), f"{role}: GPU pods need a node selector"
+        assert pool.worker.threads <= _cpus(worker["resources"]["limits"]["cpu"]), f"{role}: threads > CPUs"
+
+    check_autoscaler_can_place(rc, cfg)
+
+    head = spec["headGroupSpec"]["template"]
+    router = _container(head, "router")
+    assert "specdec serve --address auto --config /etc/specdec/serve.yaml" in " ".join(router["args"])
+    (cfg_vol,) = [v for v in head["spec"]["volumes"] if v.get("configMap")]
+    assert cfg_vol["configMap"]["name"] == cm["metadata"]["name"]
+    assert {"name": cfg_vol["name"], "mountPath": "/etc/specdec", "readOnly": True} in router["volumeMounts"]
+    ports = {p["name"]: p["containerPort"] for p in router["ports"]}
+    assert ports == {"grpc": port, "metrics": metrics_port}, f"router container ports {ports}"
+    probes = [router[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")]
+    assert all(p["grpc"]["port"] == port for p in probes), "gRPC probes on the API port"
+    assert router["readinessProbe"]["grpc"].get("service") == HEALTH_SERVICE
+    assert head["metadata"]["annotations"]["prometheus.io/port"] == str(metrics_port), "scrape annotation"
+    assert "prometheus.io/scrape" not in (svc["metadata"].get("annotations") or {}), "scraped twice"
+    svc_ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
+    assert svc_ports == {"grpc": (port, "grpc"), "metrics": (metrics_port, "metrics")}, f"Service {svc_ports}"
+    labels = {t: tmpl["metadata"]["labels"] for t, tmpl in pod_templates(rc).items()}
+    assert svc["spec"]["selector"].items() <= labels["head"].items(), "the Service selects the head pod"
+    for pdb in (d for d in docs if d["kind"] == "PodDisruptionBudget"):
+        sel = pdb["spec"]["selector"]["matchLabels"].items()
+        assert sum(sel <= lab.items() for lab in labels.values()) == 1, f"{pdb['metadata']['name']} selects no group"
+
+
+# --------------------------------------------------------------------------- the tests
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_manifests_validate(overlay):
+    docs = rendered(overlay)
+    assert {d["kind"] for d in docs} == {"ConfigMap", "RayCluster", "Service", "PodDisruptionBudget"}
+    for doc in docs:
+        check_schemas(doc)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_manifests_agree_with_cluster_yaml(overlay):
+    check_agreement(rendered(overlay), cluster_yaml())
+
+
+def check_gpu_overlay(values_text: str, cluster: dict) -> None:
+    """values-gpu.yaml's serve config is configs/cluster.yaml less what the chart fills in."""
+    expected = copy.deepcopy(cluster)
+    del expected["ray"]
+    for role in ("target", "draft"):
+        for key in ("placement", "host"):
+            expected[role].pop(key)
+    for key in ("host", "port", "metrics_host", "metrics_port"):
+        expected["router"].pop(key)
+    serve = yaml.safe_load(values_text)["serve"]
+    assert serve == expected, "values-gpu.yaml serve: differs from configs/cluster.yaml"
+
+
+def test_gpu_overlay_is_cluster_yaml():
+    check_gpu_overlay((K8S / "values-gpu.yaml").read_text(), cluster_yaml())
+
+
+def test_cpu_demo_needs_no_gpu():
+    for doc in rendered("cpu-demo"):
+        assert "nvidia.com/gpu" not in yaml.safe_dump(doc), doc["kind"]
+
+
+def test_token_auth_reaches_the_router():
+    docs = rendered("gpu-token-pvc")
+    spec = _one(docs, "RayCluster")["spec"]
+    assert spec["authOptions"] == {"mode": "token"}
+    env = {e["name"]: e for e in _container(spec["headGroupSpec"]["template"], "router")["env"]}
+    assert env["RAY_AUTH_MODE"]["value"] == "token"
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "specdec", "key": "auth_token"}
+    off = _one(rendered("gpu"), "RayCluster")["spec"]
+    assert off["authOptions"] == {"mode": "disabled"}
+
+
+# --------------------------------------------------------------------------- broken copies
+
+def _break(kind: str, edit, overlay: str = "gpu") -> tuple[list[dict], dict]:
+    """The overlay's manifests with ``edit`` applied to the first of ``kind``; (docs, that doc)."""
+    docs = rendered(overlay)
+    doc = next(d for d in docs if d["kind"] == kind)
+    edit(doc)
+    return docs, doc
+
+
+BROKEN_SCHEMA = {
+    "Service: unknown field": ("Service", lambda d: d["spec"]["ports"][0].update(targetPortt=50051)),
+    "Service: type is not a string": ("Service", lambda d: d["spec"].update(type=["ClusterIP"])),
+    "PDB: misspelt matchLabels": ("PodDisruptionBudget", lambda d: d["spec"]["selector"].update(
+        matchLabel=d["spec"]["selector"].pop("matchLabels"))),
+    "RayCluster: misspelt maxReplicas": ("RayCluster", lambda d: d["spec"]["workerGroupSpecs"][0].update(
+        maxReplica=d["spec"]["workerGroupSpecs"][0].pop("maxReplicas"))),
+    "RayCluster: upscaling mode not in the enum": ("RayCluster", lambda d: d["spec"]["autoscalerOptions"].update(
+        upscalingMode="Fast")),
+    "pod template: named port in a gRPC probe": ("RayCluster", lambda d: _container(
+        d["spec"]["headGroupSpec"]["template"], "router")["livenessProbe"]["grpc"].update(port="grpc")),
+    # the CRD embeds a newer PodSpec: only the core check knows 1.30 has no pod-level resources
+    "pod template: pod-level resources on 1.30": ("RayCluster", lambda d: d["spec"]["headGroupSpec"]["template"]
+                                                  ["spec"].update(resources={"limits": {"cpu": "4"}})),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_SCHEMA)
+def test_broken_manifest_fails_validation(case):
+    _, doc = _break(*BROKEN_SCHEMA[case])
+    with pytest.raises((AssertionError, jsonschema.ValidationError)):
+        check_schemas(doc)
+
+
+def test_unknown_kind_fails_validation():
+    monitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": {"name": "x"}}
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        check_schemas(monitor)
+
+
+def _router(d):
+    return _container(d["spec"]["headGroupSpec"]["template"], "router")
+
+
+def _edit_serve(cm: dict, edit) -> None:
+    serve = yaml.safe_load(cm["data"]["serve.yaml"])
+    edit(serve)
+    cm["data"]["serve.yaml"] = yaml.safe_dump(serve)
+
+
+BROKEN_AGREEMENT = {
+    "Service port": ("Service", lambda d: d["spec"]["ports"][0].update(port=50052)),
+    "router metrics port": ("RayCluster", lambda d: _router(d)["ports"][1].update(containerPort=9401)),
+    "probe port": ("RayCluster", lambda d: _router(d)["readinessProbe"]["grpc"].update(port=8080)),
+    "scrape annotation": ("RayCluster", lambda d: d["spec"]["headGroupSpec"]["template"]["metadata"]
+                          ["annotations"].update({"prometheus.io/port": "8080"})),
+    "target pod GPUs": ("RayCluster", lambda d: d["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+                        ["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "2"})),
+    "draft group's Ray resource": ("RayCluster", lambda d: d["spec"]["workerGroupSpecs"][1].update(
+        resources={"draft_gpus": "1"})),
+    "serve config resource": ("ConfigMap", lambda d: _edit_serve(
+        d, lambda cfg: cfg["target"]["placement"].update(resources={"target_gpus": 1}))),
+    # what configs/cluster.yaml asks under `ray up`: KubeRay's autoscaler never offers it
+    "accelerator_type in a placement": ("ConfigMap", lambda d: _edit_serve(
+        d, lambda cfg: cfg["target"]["placement"].update(accelerator_type="A100"))),
+    "PDB selector": ("PodDisruptionBudget", lambda d: d["spec"]["selector"]["matchLabels"].update(
+        {"app.kubernetes.io/component": "router"})),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_AGREEMENT)
+def test_broken_manifest_fails_agreement(case):
+    docs, _ = _break(*BROKEN_AGREEMENT[case])
+    with pytest.raises(AssertionError):
+        check_agreement(docs, cluster_yaml())
+
+
+def test_values_that_disagree_with_cluster_yaml_fail():
+    """A chart value (not a hand edit) that renames the draft resource or overfills a pool is caught."""
+    with pytest.raises(AssertionError, match="draft placement"):
+        check_agreement(rendered("gpu", draft={"rayResource": "draft_gpus"}), cluster_yaml())
+    with pytest.raises(AssertionError, match="cannot fit"):
+        check_agreement(rendered("gpu", target={"maxReplicas": 1, "minReplicas": 1, "replicas": 1}),
+                        cluster_yaml())
+
+
+def test_drifted_gpu_overlay_fails():
+    text = (K8S / "values-gpu.yaml").read_text()
+    assert "num_slots: 32" in text
+    with pytest.raises(AssertionError, match="differs"):
+        check_gpu_overlay(text.replace("num_slots: 32", "num_slots: 16", 1), cluster_yaml())
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+def hadolint(path: Path) -> subprocess.CompletedProcess:
+    exe = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert exe, "hadolint not found: install the dev extra (pip install -e '.[dev]')"
+    return subprocess.run([exe, "--no-color", str(path)], capture_output=True, text=True, timeout=60)
+
+
+def check_image_rules(text: str) -> None:
+    froms = re.findall(r"^FROM\s+(\S+)", text, flags=re.M)
+    assert froms == ["python:3.11-slim"], f"base images {froms}"
+    joined = re.sub(r"\\\n(\s*#.*\n)*", " ", text)  # continuation lines (and comments between them)
+    runs = " ".join(re.findall(r"^RUN\s+(.*)$", joined, flags=re.M))
+    assert "pip install" in runs and "./src" in runs, "the image installs the package"
+    assert not re.search(r"models\s+prepare|\.gguf|safetensors", runs), "no model weights in the image"
+
+
+def test_dockerfile():
+    result = hadolint(REPO / "Dockerfile")
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_image_rules((REPO / "Dockerfile").read_text())
+    ignored = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    assert not {"pyproject.toml", "README.md", "specdec", "router", "cluster"} & set(ignored)
+
+
+@pytest.mark.parametrize("edit", [("FROM python:3.11-slim", "FROM python"),
+                                  ("WORKDIR /home/specdec", "RUN cd /home/specdec")])
+def test_broken_dockerfile_fails_hadolint(tmp_path, edit):
+    broken = tmp_path / "Dockerfile"
+    broken.write_text((REPO / "Dockerfile").read_text().replace(*edit))
+    assert hadolint(broken).returncode != 0
+
+
+@pytest.mark.parametrize("edit", [("FROM python:3.11-slim", "FROM python:3.12-slim"),
+                                  ("&& rm -rf src", "&& specdec models prepare qwen2.5-coder-1.5b-instruct")])
+def test_broken_dockerfile_fails_image_rules(edit):
+    text = (REPO / "Dockerfile").read_text()
+    assert edit[0] in text
+    with pytest.raises(AssertionError):
+        check_image_rules(text.replace(*edit))
