@@ -36,8 +36,14 @@ def merge_values(base: dict, override: dict) -> dict:
     return out
 
 
-def render(values_file: str | Path | None = None, overrides: dict | None = None, *, chart: Path = CHART,
-           release: str = "specdec", namespace: str = "default") -> list[dict[str, Any]]:
+def render(
+    values_file: str | Path | None = None,
+    overrides: dict | None = None,
+    *,
+    chart: Path = CHART,
+    release: str = "specdec",
+    namespace: str = "default",
+) -> list[dict[str, Any]]:
     """The chart's manifests (parsed), in template order, for the values file plus ``overrides``."""
     import helm_python  # the dev extra; imported here so `--help` works without it
 
@@ -70,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--release", default="specdec")
     p.add_argument("--namespace", default="default")
     args = p.parse_args(argv)
-    docs = render(args.values, json.loads(args.set) if args.set else None, release=args.release,
-                  namespace=args.namespace)
+    docs = render(
+        args.values, json.loads(args.set) if args.set else None, release=args.release, namespace=args.namespace
+    )
     yaml.dump_all(docs, sys.stdout, Dumper=_Dumper, sort_keys=False)
     return 0
 

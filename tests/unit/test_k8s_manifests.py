@@ -47,8 +47,10 @@ OVERLAYS = {  # name: (values file, overrides)
     "cpu-demo-no-draft": (K8S / "values-cpu-demo.yaml", {"serve": {"draft": None}}),  # Helm: null drops a key
     "gpu": (K8S / "values-gpu.yaml", {}),
     # what the Ray token-auth issue and a shared model volume switch on
-    "gpu-token-pvc": (K8S / "values-gpu.yaml", {"rayAuth": {"mode": "token"},
-                                                "models": {"existingClaim": "specdec-models"}}),
+    "gpu-token-pvc": (
+        K8S / "values-gpu.yaml",
+        {"rayAuth": {"mode": "token"}, "models": {"existingClaim": "specdec-models"}},
+    ),
 }
 
 
@@ -62,7 +64,7 @@ def _load_renderer():
 render_k8s = _load_renderer()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rendered(name: str) -> tuple[dict, ...]:
     values, overrides = OVERLAYS[name]
     return tuple(render_k8s.render(values, overrides))
@@ -87,17 +89,22 @@ def _strict(schema):
     if not isinstance(schema, dict):
         return schema
     out = {k: _strict(v) for k, v in schema.items()}
-    if ("properties" in schema and "additionalProperties" not in schema
-            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def raycluster_validator() -> jsonschema.Draft7Validator:
     if not KUBERAY_CRD.is_file():
-        pytest.fail(f"KubeRay CRD schema not found at {KUBERAY_CRD}: the tests expect shared/ beside the "
-                    "repository clone (../shared/schemas/kuberay/ray.io_rayclusters.yaml)")
+        pytest.fail(
+            f"KubeRay CRD schema not found at {KUBERAY_CRD}: the tests expect shared/ beside the "
+            "repository clone (../shared/schemas/kuberay/ray.io_rayclusters.yaml)"
+        )
     with KUBERAY_CRD.open() as f:
         crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
@@ -108,10 +115,13 @@ def raycluster_validator() -> jsonschema.Draft7Validator:
 
 # --------------------------------------------------------------------------- the checks
 
+
 def pod_templates(rc: dict) -> dict[str, dict]:
     spec = rc["spec"]
-    return {"head": spec["headGroupSpec"]["template"],
-            **{g["groupName"]: g["template"] for g in spec["workerGroupSpecs"]}}
+    return {
+        "head": spec["headGroupSpec"]["template"],
+        **{g["groupName"]: g["template"] for g in spec["workerGroupSpecs"]},
+    }
 
 
 def check_schemas(doc: dict) -> None:
@@ -119,11 +129,12 @@ def check_schemas(doc: dict) -> None:
     if doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayCluster":
         errors = sorted(raycluster_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
         if errors:
-            raise AssertionError("RayCluster does not match the KubeRay CRD:\n" + "\n".join(
-                f"  {'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors))
+            raise AssertionError(
+                "RayCluster does not match the KubeRay CRD:\n"
+                + "\n".join(f"  {'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
+            )
         for name, template in pod_templates(doc).items():
-            check_schemas({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name},
-                           "template": template})
+            check_schemas({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": template})
         return
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(doc, version, strict=True)  # SchemaNotFoundError for unknown kinds
@@ -163,8 +174,7 @@ def check_autoscaler_can_place(rc: dict, cfg: ServeConfig) -> None:
         if pool is None:
             continue
         demand = actor_demand(pool.placement)
-        fits = {name: min(t["resources"].get(k, 0) // v for k, v in demand.items())
-                for name, t in node_types.items()}
+        fits = {name: min(t["resources"].get(k, 0) // v for k, v in demand.items()) for name, t in node_types.items()}
         room = sum(n * node_types[name]["max_workers"] for name, n in fits.items())
         assert room >= pool.replicas, f"{role}: the autoscaler has room for {room} of {pool.replicas} ({demand})"
 
@@ -228,6 +238,7 @@ def check_agreement(docs: list[dict], cluster: dict) -> None:
 
 # --------------------------------------------------------------------------- the tests
 
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_manifests_validate(overlay):
     docs = rendered(overlay)
@@ -276,6 +287,7 @@ def test_token_auth_reaches_the_router():
 
 # --------------------------------------------------------------------------- broken copies
 
+
 def _break(kind: str, edit, overlay: str = "gpu") -> tuple[list[dict], dict]:
     """The overlay's manifests with ``edit`` applied to the first of ``kind``; (docs, that doc)."""
     docs = rendered(overlay)
@@ -287,17 +299,31 @@ def _break(kind: str, edit, overlay: str = "gpu") -> tuple[list[dict], dict]:
 BROKEN_SCHEMA = {
     "Service: unknown field": ("Service", lambda d: d["spec"]["ports"][0].update(targetPortt=50051)),
     "Service: type is not a string": ("Service", lambda d: d["spec"].update(type=["ClusterIP"])),
-    "PDB: misspelt matchLabels": ("PodDisruptionBudget", lambda d: d["spec"]["selector"].update(
-        matchLabel=d["spec"]["selector"].pop("matchLabels"))),
-    "RayCluster: misspelt maxReplicas": ("RayCluster", lambda d: d["spec"]["workerGroupSpecs"][0].update(
-        maxReplica=d["spec"]["workerGroupSpecs"][0].pop("maxReplicas"))),
-    "RayCluster: upscaling mode not in the enum": ("RayCluster", lambda d: d["spec"]["autoscalerOptions"].update(
-        upscalingMode="Fast")),
-    "pod template: named port in a gRPC probe": ("RayCluster", lambda d: _container(
-        d["spec"]["headGroupSpec"]["template"], "router")["livenessProbe"]["grpc"].update(port="grpc")),
+    "PDB: misspelt matchLabels": (
+        "PodDisruptionBudget",
+        lambda d: d["spec"]["selector"].update(matchLabel=d["spec"]["selector"].pop("matchLabels")),
+    ),
+    "RayCluster: misspelt maxReplicas": (
+        "RayCluster",
+        lambda d: d["spec"]["workerGroupSpecs"][0].update(
+            maxReplica=d["spec"]["workerGroupSpecs"][0].pop("maxReplicas")
+        ),
+    ),
+    "RayCluster: upscaling mode not in the enum": (
+        "RayCluster",
+        lambda d: d["spec"]["autoscalerOptions"].update(upscalingMode="Fast"),
+    ),
+    "pod template: named port in a gRPC probe": (
+        "RayCluster",
+        lambda d: _container(d["spec"]["headGroupSpec"]["template"], "router")["livenessProbe"]["grpc"].update(
+            port="grpc"
+        ),
+    ),
     # the CRD embeds a newer PodSpec: only the core check knows 1.30 has no pod-level resources
-    "pod template: pod-level resources on 1.30": ("RayCluster", lambda d: d["spec"]["headGroupSpec"]["template"]
-                                                  ["spec"].update(resources={"limits": {"cpu": "4"}})),
+    "pod template: pod-level resources on 1.30": (
+        "RayCluster",
+        lambda d: d["spec"]["headGroupSpec"]["template"]["spec"].update(resources={"limits": {"cpu": "4"}}),
+    ),
 }
 
 
@@ -328,19 +354,35 @@ BROKEN_AGREEMENT = {
     "Service port": ("Service", lambda d: d["spec"]["ports"][0].update(port=50052)),
     "router metrics port": ("RayCluster", lambda d: _router(d)["ports"][1].update(containerPort=9401)),
     "probe port": ("RayCluster", lambda d: _router(d)["readinessProbe"]["grpc"].update(port=8080)),
-    "scrape annotation": ("RayCluster", lambda d: d["spec"]["headGroupSpec"]["template"]["metadata"]
-                          ["annotations"].update({"prometheus.io/port": "8080"})),
-    "target pod GPUs": ("RayCluster", lambda d: d["spec"]["workerGroupSpecs"][0]["template"]["spec"]
-                        ["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "2"})),
-    "draft group's Ray resource": ("RayCluster", lambda d: d["spec"]["workerGroupSpecs"][1].update(
-        resources={"draft_gpus": "1"})),
-    "serve config resource": ("ConfigMap", lambda d: _edit_serve(
-        d, lambda cfg: cfg["target"]["placement"].update(resources={"target_gpus": 1}))),
+    "scrape annotation": (
+        "RayCluster",
+        lambda d: d["spec"]["headGroupSpec"]["template"]["metadata"]["annotations"].update(
+            {"prometheus.io/port": "8080"}
+        ),
+    ),
+    "target pod GPUs": (
+        "RayCluster",
+        lambda d: d["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"].update(
+            {"nvidia.com/gpu": "2"}
+        ),
+    ),
+    "draft group's Ray resource": (
+        "RayCluster",
+        lambda d: d["spec"]["workerGroupSpecs"][1].update(resources={"draft_gpus": "1"}),
+    ),
+    "serve config resource": (
+        "ConfigMap",
+        lambda d: _edit_serve(d, lambda cfg: cfg["target"]["placement"].update(resources={"target_gpus": 1})),
+    ),
     # what configs/cluster.yaml asks under `ray up`: KubeRay's autoscaler never offers it
-    "accelerator_type in a placement": ("ConfigMap", lambda d: _edit_serve(
-        d, lambda cfg: cfg["target"]["placement"].update(accelerator_type="A100"))),
-    "PDB selector": ("PodDisruptionBudget", lambda d: d["spec"]["selector"]["matchLabels"].update(
-        {"app.kubernetes.io/component": "router"})),
+    "accelerator_type in a placement": (
+        "ConfigMap",
+        lambda d: _edit_serve(d, lambda cfg: cfg["target"]["placement"].update(accelerator_type="A100")),
+    ),
+    "PDB selector": (
+        "PodDisruptionBudget",
+        lambda d: d["spec"]["selector"]["matchLabels"].update({"app.kubernetes.io/component": "router"}),
+    ),
 }
 
 
@@ -356,8 +398,7 @@ def test_values_that_disagree_with_cluster_yaml_fail():
     with pytest.raises(AssertionError, match="draft placement"):
         check_agreement(rendered("gpu", draft={"rayResource": "draft_gpus"}), cluster_yaml())
     with pytest.raises(AssertionError, match="cannot fit"):
-        check_agreement(rendered("gpu", target={"maxReplicas": 1, "minReplicas": 1, "replicas": 1}),
-                        cluster_yaml())
+        check_agreement(rendered("gpu", target={"maxReplicas": 1, "minReplicas": 1, "replicas": 1}), cluster_yaml())
 
 
 def test_drifted_gpu_overlay_fails():
@@ -368,6 +409,7 @@ def test_drifted_gpu_overlay_fails():
 
 
 # --------------------------------------------------------------------------- Dockerfile
+
 
 def hadolint(path: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
@@ -388,21 +430,30 @@ def test_dockerfile():
     result = hadolint(REPO / "Dockerfile")
     assert result.returncode == 0, result.stdout + result.stderr
     check_image_rules((REPO / "Dockerfile").read_text())
-    ignored = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
+    ignored = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert not {"pyproject.toml", "README.md", "specdec", "router", "cluster"} & set(ignored)
 
 
-@pytest.mark.parametrize("edit", [("FROM python:3.11-slim", "FROM python"),
-                                  ("WORKDIR /home/specdec", "RUN cd /home/specdec")])
+@pytest.mark.parametrize(
+    "edit", [("FROM python:3.11-slim", "FROM python"), ("WORKDIR /home/specdec", "RUN cd /home/specdec")]
+)
 def test_broken_dockerfile_fails_hadolint(tmp_path, edit):
     broken = tmp_path / "Dockerfile"
     broken.write_text((REPO / "Dockerfile").read_text().replace(*edit))
     assert hadolint(broken).returncode != 0
 
 
-@pytest.mark.parametrize("edit", [("FROM python:3.11-slim", "FROM python:3.12-slim"),
-                                  ("&& rm -rf src", "&& specdec models prepare qwen2.5-coder-1.5b-instruct")])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("FROM python:3.11-slim", "FROM python:3.12-slim"),
+        ("&& rm -rf src", "&& specdec models prepare qwen2.5-coder-1.5b-instruct"),
+    ],
+)
 def test_broken_dockerfile_fails_image_rules(edit):
     text = (REPO / "Dockerfile").read_text()
     assert edit[0] in text
