@@ -71,20 +71,42 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
             "eos_token_ids": list(self.eos_token_ids),
         }
 
-    @rpc_method
-    def Propose(self, request: worker_pb2.ProposeRequest, context) -> worker_pb2.ProposeResponse:
-        seqs = [sequence_from_proto(s, self.vocab_size, "sequences") for s in request.sequences]
+    def _sequences(self, protos) -> list:
+        seqs = [sequence_from_proto(s, self.vocab_size, "sequences") for s in protos]
         seen: set[str] = set()
         for s in seqs:
             if s.request_id in seen:
                 raise InvalidParams("sequences.request_id", f"request id {s.request_id!r} appears twice in one call")
             seen.add(s.request_id)
+        return seqs
+
+    def _cached(self, request_id: str) -> int:
+        """Tokens the drafter holds for a request (0 for the n-gram drafter, which caches nothing)."""
+        slots = getattr(self.drafter, "slots", None)
+        if slots is None or request_id not in slots:
+            return 0
+        return int(self.drafter.runner.lengths[slots[request_id]])
+
+    @rpc_method
+    def Propose(self, request: worker_pb2.ProposeRequest, context) -> worker_pb2.ProposeResponse:
+        seqs = self._sequences(request.sequences)
         if not seqs:
             return worker_pb2.ProposeResponse()
         inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, s.k) for s in seqs]
         with self.lock:
             drafts = propose_within_k(self.drafter, inputs)
         return worker_pb2.ProposeResponse(drafts=[draft_to_proto(i.request_id, d) for i, d in zip(inputs, drafts)])
+
+    @rpc_method
+    def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
+        seqs = self._sequences(request.sequences)
+        inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, 0) for s in seqs]
+        with self.lock:
+            self.drafter.prefill(inputs)
+            cached = [self._cached(s.request_id) for s in seqs]
+        return worker_pb2.PrefillResponse(
+            outcomes=[worker_pb2.PrefillOutcome(request_id=s.request_id, cached_tokens=n) for s, n in zip(seqs, cached)]
+        )
 
     @rpc_method
     def Release(self, request: worker_pb2.ReleaseRequest, context) -> worker_pb2.ReleaseResponse:

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.core.prefill_plan import DEFAULT_BUDGET, DEFAULT_CHUNK
 from specdec.core.request_state import KPolicy
 from specdec.rpc.worker_config import strict_from_dict
 
@@ -51,6 +52,11 @@ class RouterConfig:
       itself), clamped to [min, draft_deadline_s] (factor 0: always draft_deadline_s). A later
       draft fails open: the round verifies with k = 0; while the drafter is still busy with the
       late draft, rounds fail open without waiting, and speculation resumes when it has caught up.
+    max_batched_tokens: the token budget of one round: the running requests' verify rows (k + 1
+      each) first, then prompt chunks (specdec.core.prefill_plan); <= 0 turns the budget off
+      (a prompt is cached whole in its first round).
+    prefill_chunk: prompts are cached in chunks whose boundaries are multiples of this size,
+      whatever the load, so a prompt's KV (and, in bf16, its output) never depends on other traffic.
     rpc_timeout_s: timeout of one Verify / Prefill / Tokenize call to a worker.
     recovery_timeout_s: how long requests wait for a restarted target before UNAVAILABLE.
     ngram_max / ngram_min: window of the router's local n-gram drafter.
@@ -73,6 +79,8 @@ class RouterConfig:
     draft_deadline_s: float = 5.0
     draft_deadline_factor: float = 2.0
     draft_deadline_min_s: float = 0.05
+    max_batched_tokens: int = DEFAULT_BUDGET
+    prefill_chunk: int = DEFAULT_CHUNK
     rpc_timeout_s: float = 120.0
     recovery_timeout_s: float = 300.0
     ngram_max: int = 3
@@ -83,7 +91,9 @@ class RouterConfig:
         self.k_policy = kpolicy_from_dict(self.k_policy)
         if self.default_mode not in ("draft", "ngram", "off"):
             raise ValueError(f"router.default_mode must be draft, ngram or off (got {self.default_mode!r})")
-        for key in ("max_queue", "micro_batches", "split_min_batch", "default_max_tokens"):
+        if not isinstance(self.max_batched_tokens, int):
+            raise ValueError(f"router.max_batched_tokens must be an integer (got {self.max_batched_tokens!r})")
+        for key in ("max_queue", "micro_batches", "split_min_batch", "default_max_tokens", "prefill_chunk"):
             v = getattr(self, key)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"router.{key} must be an integer >= 1 (got {v!r})")

@@ -201,6 +201,29 @@ class DraftSource:
                 base=len(job.state.tokens) + ks[i], draft=list(drafts[i].tokens), task=task, index=n
             )
 
+    def prefill(self, jobs: list[Job], ends: dict[str, int]) -> None:
+        """Send the draft worker the same prompt chunks as the target, without waiting: it caches them
+        while the target does, and the job's first Propose queues behind them on the worker. A
+        prompt's last chunk goes with that first Propose instead (a short prompt sends no Prefill)."""
+        jobs = [j for j in jobs if j.spec == "draft" and ends[j.key] < j.state.prefill_total]
+        if not jobs or self.draft is None or not self.draft.up:
+            return
+        seqs = [sequence_to_proto(j.key, j.state.prompt_ids[: ends[j.key] + 1], j.params, j.mode) for j in jobs]
+        for job in jobs:
+            job.used_draft = True  # the drafter holds a slot for it now
+        task = self.spawn(self._prefill(seqs))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
+
+    async def _prefill(self, seqs: list[worker_pb2.Sequence]) -> None:
+        assert self.draft is not None
+        try:
+            async with self.draft.lock:
+                await self.draft.call(
+                    "Prefill", worker_pb2.PrefillRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
+                )
+        except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:  # the first Propose caches the prompt itself
+            log.info("draft prefill failed: %s", exc)
+
     async def release(self, job: Job) -> None:
         """Free the job's draft slot (after any pre-draft for it has finished: it would re-create it)."""
         pd, job.predraft = job.predraft, None

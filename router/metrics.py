@@ -87,6 +87,19 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
+        self.inter_token = Histogram(
+            "specdec_inter_token_seconds",
+            "Gap between two chunks of tokens streamed to a client",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prefill_chunks = Counter("specdec_prefill_chunks", "Prompt chunks cached on the target", registry=r)
+        self.round_tokens = Histogram(
+            "specdec_round_tokens",
+            "Tokens per round on the target: verify rows plus prompt chunks",
+            buckets=(1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+            registry=r,
+        )
         self.queue_depth = Gauge("specdec_queue_depth", "Requests waiting for a batch slot", registry=r)
         self.running = Gauge("specdec_running_requests", "Requests being decoded", registry=r)
         self.rounds = Counter("specdec_rounds", "Speculation rounds (one Verify per micro-batch)", registry=r)

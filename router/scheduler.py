@@ -42,6 +42,7 @@ from router.metrics import Metrics
 from router.target_link import TargetLink
 from router.workers import WorkerClient, WorkerUnavailable
 from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.prefill_plan import PrefillNeed, chunks_between, plan_prefill
 from specdec.core.request_state import CostMeter, KPolicy, new_request
 from specdec.core.round_types import Draft
 from specdec.rpc import worker_pb2
@@ -51,6 +52,10 @@ from specdec.rpc.errors import RpcStatusError
 log = logging.getLogger(__name__)
 
 __all__ = ["Chunk", "Job", "TargetScheduler", "QueueFull"]
+
+
+def _rpc_error(exc: grpc.aio.AioRpcError) -> RpcStatusError:
+    return RpcStatusError(exc.code(), exc.details() or "the target refused a prompt chunk")
 
 
 class TargetScheduler:
@@ -275,10 +280,43 @@ class TargetScheduler:
             return 0
         return job.state.next_k(self.max_context, self.cost.per_token if job.spec == "draft" else None)
 
+    async def _prefill(self, batch: list[Job], verify_tokens: int) -> list[Job]:
+        """Cache this round's prompt chunks on the target (and the drafter); return the jobs whose
+        prompt is now cached, which verify in this same round."""
+        prefilling = [j for j in batch if j.state.prefilling]
+        needs = [PrefillNeed(j.key, j.state.prefilled, j.state.prefill_total) for j in prefilling]
+        plan = plan_prefill(needs, verify_tokens, self.cfg.max_batched_tokens, self.cfg.prefill_chunk)
+        chunks = [j for j in prefilling if j.key in plan]
+        if not chunks:
+            return []
+        seqs = [sequence_to_proto(j.key, j.state.prompt_ids[: plan[j.key] + 1], j.params, j.mode) for j in chunks]
+        self.drafting.prefill(chunks, plan)
+        await self.link.prefill(seqs)
+        self.metrics.prefill_chunks.inc(
+            sum(chunks_between(j.state.prefilled, plan[j.key], self.cfg.prefill_chunk) for j in chunks)
+        )
+        self.metrics.round_tokens.observe(verify_tokens + sum(plan[j.key] - j.state.prefilled for j in chunks))
+        for job in chunks:
+            job.state.prefilled = plan[job.key]
+        return [j for j in chunks if not j.state.prefilling and not j.done and not j.cancelled]
+
     async def _round(self, batch: list[Job]) -> None:
         t0 = time.monotonic()
-        ks = [self._want_k(j) for j in batch]
-        # The workers prefill a request inside its first round: such a round says nothing of a step.
+        decoding = [j for j in batch if not j.state.prefilling]
+        ks = [self._want_k(j) for j in decoding]
+        try:
+            cached = await self._prefill(batch, sum(k + 1 for k in ks))
+        except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:
+            for job in batch:
+                if job.state.prefilling and not job.done:
+                    outcome = "unavailable" if isinstance(exc, WorkerUnavailable) else "error"
+                    self._fail(job, exc if isinstance(exc, WorkerUnavailable) else _rpc_error(exc), outcome=outcome)
+            cached = []
+        batch = decoding + cached
+        ks += [self._want_k(j) for j in cached]
+        if not batch:
+            return
+        # A request's first round feeds the drafter its prompt's tail: it says nothing of a step.
         prefills = any(not j.state.generated for j in batch)
         drafts, draft_wait = await self.drafting.drafts(batch, ks)
         self.drafting.launch_predraft(batch, ks, drafts, self._policy_k)
@@ -300,6 +338,8 @@ class TargetScheduler:
         m = self.metrics
         m.rounds.inc()
         m.batch_size.observe(len(batch))
+        if not cached:
+            m.round_tokens.observe(sum(k + 1 for k in ks))
         for job, draft, out in zip(batch, drafts, outcomes):
             if job.done or job.cancelled:
                 continue
@@ -337,6 +377,8 @@ class TargetScheduler:
             if job.t_first is None:
                 job.t_first = now
                 self.metrics.ttft.observe(now - job.t_arrival)
+            else:
+                self.metrics.inter_token.observe(now - job.t_last)
             job.t_last = now
             self.metrics.generated_tokens.inc(len(committed))
         if st.finish_reason is not None:

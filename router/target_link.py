@@ -28,10 +28,8 @@ class TargetLink:
         self.cfg = config
         self.down_since: float | None = None
 
-    async def _verify_call(
-        self, items: list[worker_pb2.VerifyItem]
-    ) -> tuple[list[worker_pb2.VerifyOutcome], float | None]:
-        """One Verify, waiting for (and replaying on) a restarted target; (outcomes, the worker's
+    async def _replayed(self, method: str, request, n: int):
+        """One call, waiting for (and replaying on) a restarted target; (response, the worker's
         compute seconds if reported)."""
         t_end = time.monotonic() + self.cfg.recovery_timeout_s
         while True:
@@ -39,12 +37,10 @@ class TargetLink:
                 await self.target.wait_up(max(0.1, t_end - time.monotonic()))
                 self.down_since = None
                 async with self.target.lock:
-                    resp, compute = await self.target.call_timed(
-                        "Verify", worker_pb2.VerifyRequest(items=items), timeout=self.cfg.rpc_timeout_s
-                    )
-                if len(resp.outcomes) != len(items):
+                    resp, compute = await self.target.call_timed(method, request, timeout=self.cfg.rpc_timeout_s)
+                if len(resp.outcomes) != n:
                     raise RpcStatusError(grpc.StatusCode.INTERNAL, "the target answered the wrong number of items")
-                return list(resp.outcomes), compute
+                return resp, compute
             except WorkerUnavailable:
                 if self.down_since is None:
                     self.down_since = time.monotonic()
@@ -52,6 +48,16 @@ class TargetLink:
                     raise
                 log.info("target %s unavailable; replaying the round once it is back", self.name)
                 await asyncio.sleep(0.05)
+
+    async def _verify_call(
+        self, items: list[worker_pb2.VerifyItem]
+    ) -> tuple[list[worker_pb2.VerifyOutcome], float | None]:
+        resp, compute = await self._replayed("Verify", worker_pb2.VerifyRequest(items=items), len(items))
+        return list(resp.outcomes), compute
+
+    async def prefill(self, seqs: list[worker_pb2.Sequence]) -> None:
+        """Cache all but the last token of each sequence (prompt chunks), replayed like a verify."""
+        await self._replayed("Prefill", worker_pb2.PrefillRequest(sequences=seqs), len(seqs))
 
     async def verify(self, items: list[worker_pb2.VerifyItem]) -> tuple[list, float | None]:
         """Outcomes (or the exception failing that item) in order, and the worker's compute time."""

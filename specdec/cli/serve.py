@@ -168,8 +168,56 @@ def _local_tokenizer(model: str):
         return None
 
 
+def _servers(specs: list[str]) -> dict[str, str]:
+    """``[LABEL=]HOST:PORT`` flags -> {label: address} (unlabelled: the address is the label)."""
+    out = {}
+    for spec in specs or ["127.0.0.1:50051"]:
+        label, _, address = spec.rpartition("=")
+        out[label or address] = address
+    return out
+
+
+def _bench_mixed(args: argparse.Namespace, prompts) -> int:
+    from specdec.bench import serve as bs
+    from specdec.bench.serve_mixed import MixedOptions, bench_mixed, format_mixed
+    from specdec.core.prompts import encode as encode_prompt
+
+    servers = _servers(args.server)
+    try:
+        info = bs.server_info(next(iter(servers.values())))
+    except (ConnectionError, bs.BenchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return FAILED
+    tokenizer = _local_tokenizer(args.engine_target or info["target"])
+    if tokenizer is None:
+        print(f"error: the mixed workload needs the target's tokenizer here ({info['target']})", file=sys.stderr)
+        return USAGE
+    options = MixedOptions(
+        streams=args.streams,
+        stream_tokens=args.max_tokens,
+        long_prompts=args.long_prompts,
+        long_tokens=args.long_tokens,
+        repeat=args.repeat,
+        timeout=args.timeout,
+    )
+    result = bench_mixed(
+        servers,
+        prompts,
+        lambda p: encode_prompt(tokenizer, p),
+        options,
+        progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+    )
+    result["server"] = info
+    print(format_mixed(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return OK
+
+
 def _bench_serve(args: argparse.Namespace) -> int:
-    from router import bench_serve as bs
+    from specdec.bench import serve as bs
     from specdec.core.prompts import PromptSetError, load_prompts
 
     try:
@@ -177,6 +225,9 @@ def _bench_serve(args: argparse.Namespace) -> int:
     except PromptSetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
+    if args.workload == "mixed":
+        return _bench_mixed(args, prompts)
+    args.server = next(iter(_servers(args.server).values()))
     options = bs.BenchOptions(
         max_tokens=args.max_tokens,
         concurrency=tuple(args.concurrency),
@@ -239,7 +290,24 @@ def _add_bench_serve_parser(bsub: argparse._SubParsersAction) -> None:
         "throughput, TTFT and TPOT p50/p99 and acceptance, with speculation on (AUTO) and off "
         "(per-request OFF) side by side, and the single-process engine at batch 1.",
     )
-    p.add_argument("--server", default="127.0.0.1:50051", metavar="HOST:PORT")
+    p.add_argument(
+        "--server",
+        action="append",
+        default=None,
+        metavar="[LABEL=]HOST:PORT",
+        help="the service (default 127.0.0.1:50051); the mixed workload takes several, e.g. "
+        "budget=127.0.0.1:50051 --server nobudget=127.0.0.1:50052, and measures them in turn",
+    )
+    p.add_argument(
+        "--workload",
+        choices=["standard", "mixed"],
+        default="standard",
+        help="standard: closed loop and Poisson scenarios; mixed: a burst of long prompts among short streams",
+    )
+    p.add_argument("--streams", type=int, default=1, help="mixed: concurrent short streams")
+    p.add_argument("--long-prompts", type=int, default=4, help="mixed: long prompts in the burst")
+    p.add_argument("--long-tokens", type=int, default=3000, help="mixed: tokens per long prompt")
+    p.add_argument("--repeat", type=int, default=1, help="mixed: runs per server (alternating servers)")
     p.add_argument("--prompts", default="humaneval:8", help="humaneval, humaneval:N, FILE.jsonl or FILE.jsonl:N")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument(

@@ -36,6 +36,9 @@ class DraftInput:
 class Drafter(Protocol):
     def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]: ...
 
+    def prefill(self, inputs: Sequence[DraftInput]) -> None:
+        """Cache all but the last of each input's tokens ahead of its first propose (a prompt chunk)."""
+
     def release(self, request_id: str) -> None: ...
 
 
@@ -55,6 +58,9 @@ class NoDrafter:
     def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
         return [Draft(tokens=[]) for _ in inputs]
 
+    def prefill(self, inputs: Sequence[DraftInput]) -> None:
+        pass
+
     def release(self, request_id: str) -> None:
         pass
 
@@ -71,6 +77,9 @@ class NgramProposer:
             if inp.mode is not VerifyMode.REJECTION:
                 draft.probs = None
         return drafts
+
+    def prefill(self, inputs: Sequence[DraftInput]) -> None:
+        pass
 
     def release(self, request_id: str) -> None:
         pass
@@ -145,6 +154,21 @@ class ModelDrafter:
         if self.lookup is None or inp.mode is VerifyMode.REJECTION or n <= 0:
             return []
         return self.lookup.propose_one(inp.tokens + draft.tokens, n).tokens
+
+    def prefill(self, inputs: Sequence[DraftInput]) -> None:
+        busy = {i.request_id for i in inputs}
+        rows, feeds = [], []
+        for inp in inputs:
+            slot = self._slot(inp, busy)
+            if slot is None:  # no slot: the first propose will cache the prompt itself
+                continue
+            keep = min(self.runner.common_prefix(slot, inp.tokens), len(inp.tokens) - 1)
+            self.runner.rollback(slot, keep)
+            if keep < len(inp.tokens) - 1:
+                rows.append(slot)
+                feeds.append(inp.tokens[keep:-1])
+        if rows:
+            self.runner.forward(rows, feeds, num_logits=0)
 
     def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
         drafts = [Draft(tokens=[], probs=[] if i.mode is VerifyMode.REJECTION else None) for i in inputs]

@@ -1,9 +1,11 @@
 """SpecEngine: the single-process speculative loop over a batch with continuous admission.
 
-Each round: the drafter proposes up to k tokens per running request, the target verifies all rows
-in one batched forward ([last committed token] + draft), the verifier accepts a prefix plus one
-target token, the stop rules are applied token by token, and the target's KV cache is rolled back
-past the rejected tokens. Target-only decoding (k = 0) runs through the same loop.
+Each round: new prompts are cached in fixed-size chunks within the round's token budget
+(:mod:`specdec.core.prefill_plan`, the same policy as the router's), the drafter proposes up to k
+tokens per decoding request, the target verifies all rows in one batched forward ([last committed
+token] + draft), the verifier accepts a prefix plus one target token, the stop rules are applied
+token by token, and the target's KV cache is rolled back past the rejected tokens. Target-only
+decoding (k = 0) runs through the same loop.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from specdec.core.drafters import Drafter, DraftInput, NoDrafter, propose_within_k
 from specdec.core.params import InvalidParams, SamplingParams, choose_mode
+from specdec.core.prefill_plan import DEFAULT_BUDGET, DEFAULT_CHUNK, PrefillNeed, plan_prefill
 from specdec.core.request_state import CostMeter, KPolicy, RequestState, RequestStats, new_request
 from specdec.core.runner import ModelRunner
 from specdec.core.target import TargetVerifier, VerifyItem
@@ -51,8 +54,12 @@ class SpecEngine:
         k_policy: KPolicy | None = None,
         eos_token_ids: set[int] | None = None,
         verify_mode: str | None = None,
+        max_batched_tokens: int = DEFAULT_BUDGET,
+        prefill_chunk: int = DEFAULT_CHUNK,
     ):
         self.target = target
+        self.max_batched_tokens = max_batched_tokens  # <= 0: no budget (prompts cached whole)
+        self.prefill_chunk = prefill_chunk
         self.verifier = TargetVerifier(target)
         self.tokenizer = tokenizer
         self.drafter = drafter or NoDrafter()
@@ -100,21 +107,37 @@ class SpecEngine:
         return rid
 
     def _admit(self) -> None:
-        admitted = []
-        while self.waiting and self.verifier.free_slots > len(admitted):
-            admitted.append(self.waiting.popleft())
-        if admitted:
-            self.verifier.prefill([(r.id, r.tokens, r.params) for r in admitted])
-            self.running.extend(admitted)
+        # A running request takes its KV slot with its first chunk (or its first verify).
+        while self.waiting and self.verifier.free_slots > sum(not self.verifier.has(r.id) for r in self.running):
+            self.running.append(self.waiting.popleft())
+
+    def _prefill(self, verify_tokens: int) -> None:
+        """Cache this round's prompt chunks (one forward), as the budget allows."""
+        prefilling = [r for r in self.running if r.prefilling]
+        needs = [PrefillNeed(r.id, r.prefilled, r.prefill_total) for r in prefilling]
+        plan = plan_prefill(needs, verify_tokens, self.max_batched_tokens, self.prefill_chunk)
+        chunks = [r for r in prefilling if r.id in plan]
+        if chunks:
+            # The verifier caches all but the last token it is given: pass the prompt up to the chunk's end.
+            self.verifier.prefill([(r.id, r.prompt_ids[: plan[r.id] + 1], r.params) for r in chunks])
+            self.drafter.prefill(
+                [DraftInput(r.id, r.prompt_ids[: plan[r.id] + 1], r.params, r.mode, 0) for r in chunks]
+            )
+            for r in chunks:
+                r.prefilled = plan[r.id]
 
     # ---- one round ---------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         self._admit()
-        batch = list(self.running)
+        max_len = self.target.max_len
+        decoding = [r for r in self.running if not r.prefilling]
+        ks = [r.next_k(max_len, self.cost.per_token) for r in decoding]
+        self._prefill(sum(k + 1 for k in ks))
+        batch = decoding + [r for r in self.running if r not in decoding and not r.prefilling]
         if not batch:
             return []
-        max_len = self.target.max_len
-        inputs = [DraftInput(r.id, r.tokens, r.params, r.mode, r.next_k(max_len, self.cost.per_token)) for r in batch]
+        ks += [r.next_k(max_len, self.cost.per_token) for r in batch[len(decoding) :]]
+        inputs = [DraftInput(r.id, r.tokens, r.params, r.mode, k) for r, k in zip(batch, ks)]
         t0 = time.perf_counter()
         drafts = propose_within_k(self.drafter, inputs)
         t1 = time.perf_counter()

@@ -121,10 +121,20 @@ class RequestState:
     tokens: list[int] = field(default_factory=list)  # prompt + committed generated tokens
     finish_reason: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
+    prefilled: int = 0  # prompt tokens in the target's cache, set by the chunked prefill (prefill_plan)
 
     def __post_init__(self) -> None:
         if not self.tokens:
             self.tokens = list(self.prompt_ids)
+
+    @property
+    def prefill_total(self) -> int:
+        """Prompt tokens to cache before the first verify (whose row feeds the prompt's last token)."""
+        return len(self.prompt_ids) - 1
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < self.prefill_total
 
     @property
     def generated(self) -> list[int]:

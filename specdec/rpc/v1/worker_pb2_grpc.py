@@ -41,6 +41,11 @@ class DraftServiceStub:
                 request_serializer=specdec_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.Prefill = channel.unary_unary(
+                '/specdec.v1.DraftService/Prefill',
+                request_serializer=specdec_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.DraftService/Release',
                 request_serializer=specdec_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
@@ -60,6 +65,15 @@ class DraftServiceServicer:
     def Propose(self, request, context):
         """Proposes up to k draft tokens per sequence (one Draft per Sequence, in
         order). Rebuilds or rolls back the sequence's cache to its tokens first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Prefill(self, request, context):
+        """Caches all but the last token of each sequence ahead of its first
+        Propose: the router sends a long prompt here in the same fixed-size
+        chunks as to the target, so no single Propose holds a whole prefill.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -87,6 +101,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     servicer.Propose,
                     request_deserializer=specdec_dot_v1_dot_worker__pb2.ProposeRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_worker__pb2.ProposeResponse.SerializeToString,
+            ),
+            'Prefill': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefill,
+                    request_deserializer=specdec_dot_v1_dot_worker__pb2.PrefillRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_worker__pb2.PrefillResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -127,6 +146,33 @@ class DraftService:
             '/specdec.v1.DraftService/Propose',
             specdec_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
             specdec_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.DraftService/Prefill',
+            specdec_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
+            specdec_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -236,8 +282,9 @@ class TargetServiceServicer:
     """
 
     def Prefill(self, request, context):
-        """Builds the KV cache of new sequences from their tokens ahead of the
-        first Verify (optional: Verify rebuilds a missing cache itself).
+        """Caches all but the last token of each sequence ahead of its first
+        Verify: the router's chunked prefill sends a prompt here one fixed-size
+        chunk per round (Verify also rebuilds a missing cache itself).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,87 @@
+"""Chunked prefill under one token budget per round: which prompt chunks a round runs.
+
+A round spends its token budget on the running requests' verify rows (k + 1 tokens each) first,
+then on prefill chunks. A prompt is cached in chunks whose boundaries are multiples of a fixed
+``chunk`` size, never chosen by load, so a prompt's KV cache comes from the same forwards whatever
+else runs (in bf16 its output too). Chunks are handed out one per prefilling request per pass, in
+arrival order, for as long as they fit: long prompts are served first come first served, and a
+prompt that needs only one more chunk (a short new request) gets it in the first pass, right after
+the oldest prompt's chunk, so it is not stuck behind a queue of chunks.
+
+A plain function of queue state and budget, shared by the router, the engine and the capacity
+simulator (DESIGN.md, "Scheduling").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["PrefillNeed", "plan_prefill", "chunk_end", "chunks_between", "DEFAULT_CHUNK", "DEFAULT_BUDGET"]
+
+# Defaults sized on the 2-core CPU machine, where a round of one or two chunks stays near a second
+# on the default models (bench/NOTES.md, "Chunked prefill"); configs/cluster.yaml sets GPU values.
+DEFAULT_CHUNK = 128
+DEFAULT_BUDGET = 256
+
+
+@dataclass(frozen=True)
+class PrefillNeed:
+    key: str
+    done: int  # prompt tokens already cached (0, a multiple of the chunk size, or total)
+    total: int  # prompt tokens to cache before decoding starts (the prompt less its last token)
+
+
+def chunk_end(done: int, total: int, chunk: int) -> int:
+    """Where the chunk starting at ``done`` ends: the next multiple of ``chunk``, or ``total``."""
+    if chunk <= 0:
+        return total
+    return min(total, (done // chunk + 1) * chunk)
+
+
+def chunks_between(done: int, end: int, chunk: int) -> int:
+    """How many fixed-size chunks cache the tokens [done, end) (done on a boundary)."""
+    if end <= done:
+        return 0
+    return 1 if chunk <= 0 else -(-(end - done) // chunk)
+
+
+def plan_prefill(needs: Sequence[PrefillNeed], verify_tokens: int, budget: int, chunk: int) -> dict[str, int]:
+    """How far each prefilling request gets cached this round: ``{key: new done}`` for those that advance.
+
+    ``needs`` come in arrival order. The first pass gives one chunk each to the oldest prompt, then
+    to every prompt whose rest fits in one chunk (a short new request is never stuck behind a queue
+    of long prompts' chunks), then to the others in arrival order; later passes go round in arrival
+    order while chunks fit. ``budget`` <= 0 turns the budget off: every prompt is cached whole (in
+    fixed chunks) at once. When the verify rows leave no room, the oldest prompt still gets one
+    chunk, so a prompt is never starved by a full batch of decoding requests (the round then runs
+    at most one chunk over).
+    """
+    order = [n for n in needs if n.done < n.total]
+    if not order:
+        return {}
+    if budget <= 0:
+        return {n.key: n.total for n in order}
+    done = {n.key: n.done for n in order}
+    total = {n.key: n.total for n in order}
+    planned: dict[str, int] = {}
+    left = budget - verify_tokens
+
+    def give(key: str) -> bool:
+        nonlocal left
+        end = chunk_end(done[key], total[key], chunk)
+        if done[key] >= total[key] or end - done[key] > left:
+            return False
+        left -= end - done[key]
+        done[key] = planned[key] = end
+        return True
+
+    head, rest = order[0], order[1:]
+    finishing = [n for n in rest if chunk_end(n.done, n.total, chunk) == n.total]
+    first_pass = [head] + finishing + [n for n in rest if n not in finishing]
+    progress = any([give(n.key) for n in first_pass])
+    while progress:
+        progress = any([give(n.key) for n in order])
+    if not planned:
+        planned[head.key] = chunk_end(head.done, head.total, chunk)
+    return planned
