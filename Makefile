@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 TARGET ?= qwen2.5-coder-1.5b-instruct
 DRAFT ?= qwen2.5-coder-0.5b-instruct
-export RAY_AUTH_MODE := disabled
+# Ray's token auth on (tests generate a token per session; `specdec serve` one per start).
+export RAY_AUTH_MODE := token
 export HF_HUB_OFFLINE := 1
 
 .PHONY: install dev serve test lint bench clean-venv

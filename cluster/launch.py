@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import threading
 import time
@@ -91,7 +92,14 @@ def start_ray(cfg: ServeConfig) -> bool:
         log.info("joining the Ray cluster at %s", rc.address)
         ray.init(address=rc.address, namespace=rc.namespace)
         return False
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, in-process cluster
+    # A private cluster: Ray's own token auth on (a fresh token per start unless one is given), on
+    # the loopback address. RAY_AUTH_MODE=disabled in the environment turns the auth off.
+    if os.environ.setdefault("RAY_AUTH_MODE", "token") == "token":
+        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    else:
+        log.warning(
+            "RAY_AUTH_MODE=%s: the embedded Ray cluster accepts unauthenticated calls", os.environ["RAY_AUTH_MODE"]
+        )
     workers = cfg.target.replicas + (cfg.draft.replicas if cfg.draft else 0)
     num_cpus = rc.num_cpus or max(os.cpu_count() or 1, workers)
     resources = dict(rc.resources) if rc.resources else _default_resources(cfg)
@@ -103,6 +111,7 @@ def start_ray(cfg: ServeConfig) -> bool:
         resources=resources,
         namespace=rc.namespace,
         include_dashboard=rc.include_dashboard,
+        _node_ip_address="127.0.0.1",
         _system_config=system,
     )
     return True

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import secrets
 
 import pytest
 import torch
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray's token auth on, with a token made for this test session (DESIGN.md, conventions).
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -17,8 +17,6 @@ import time
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
 # Logical resources of the test cluster: room for the workers of one test module at a time
 # (each worker takes 1 CPU + 1 draft_gpu/target_gpu), plus a spare set.
 RAY_NUM_CPUS = 4
