@@ -44,7 +44,7 @@ def private_mounts(spec: dict, home: Path) -> None:
     work = Path(spec["work"])
     sh("mount", "--bind", str(work), "/mnt")
     sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp")
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)  # gone with the old /tmp if it lay there
     sh("mount", "--bind", "/mnt", str(work))
     (work / "ray-tmp").mkdir(exist_ok=True)
     Path("/tmp/ray").mkdir()

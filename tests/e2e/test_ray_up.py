@@ -10,7 +10,8 @@ by the same custom resources), no `ray stop` on the worker (both "machines" are 
 worker's Ray ports moved by PORT_SHIFT. The draft worker lands on the head by draft_gpu, the target
 on the worker by target_gpu. Checked: the Generate call from outside returns the single-process
 engine's greedy output, `ray exec` shows the service SERVING, and `ray down` leaves no Ray or
-specdec process. Logs stay in the test's tmp dir (named in every failure message).
+specdec process. A failed run keeps its logs in /tmp/specdec-ray-up-* (the failure message
+says where); a passing run removes them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -105,7 +107,11 @@ def _engine_output(env: dict) -> dict:
     return json.loads(out.stdout)
 
 
-def test_ray_up_local_cluster_serves_the_engine_output(smollm_path, tmp_path):
+def _tail(path: Path, n: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else f"({path} is missing)"
+
+
+def test_ray_up_local_cluster_serves_the_engine_output(smollm_path):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -116,7 +122,8 @@ def test_ray_up_local_cluster_serves_the_engine_output(smollm_path, tmp_path):
                RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
     expected = _engine_output(env)
 
-    work = tmp_path / "work"
+    root = Path(tempfile.mkdtemp(prefix="specdec-ray-up-"))  # removed when the test passes, kept otherwise
+    work = root / "work"
     work.mkdir()
     serve_config = work / "serve.yaml"
     serve_config.write_text(yaml.safe_dump(serve_variant(), sort_keys=False))
@@ -126,25 +133,36 @@ def test_ray_up_local_cluster_serves_the_engine_output(smollm_path, tmp_path):
             "cluster_yaml": str(cluster_yaml), "server": SERVER, "up_timeout_s": 300, "serve_timeout_s": 360,
             "leftover_wait_s": 30,
             "generate_args": ["--target", SMOLLM, "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS), "--json"]}
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (root / "spec.json").write_text(json.dumps(spec))
 
     t0 = time.monotonic()
-    inner = f"ip link set lo up && {sys.executable} -m tests.e2e.ray_up_ns {tmp_path / 'spec.json'} & wait $!"
-    with open(tmp_path / "namespace.log", "w") as log:
+    inner = f"ip link set lo up && {sys.executable} -m tests.e2e.ray_up_ns {root / 'spec.json'} & wait $!"
+    with open(root / "namespace.log", "w") as log:
         try:
             rc = subprocess.run([*NS_CMD, "bash", "-c", inner], cwd=REPO, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, timeout=TIMEOUT_S).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     elapsed = time.monotonic() - t0
-    where = f"logs: {work / 'logs'}, Ray's: {work / 'ray-tmp'}, the namespace's: {tmp_path / 'namespace.log'}"
+    where = (f"kept in {root}: logs/ (one per command, sshd), ray-tmp/ (Ray's session logs), "
+             f"home/.specdec/serve.log, result.json; ../namespace.log")
     result_file = work / "result.json"
-    assert rc == 0 and result_file.exists(), f"namespace run ended with {rc} after {elapsed:.0f} s; {where}"
+    if rc != 0 or not result_file.exists():
+        logs = sorted((work / "logs").glob("*.log")) if (work / "logs").exists() else []
+        last = f"{logs[-1].name}: {_tail(logs[-1])}" if logs else ""
+        pytest.fail(f"the namespace run ended with {rc} after {elapsed:.0f} s\n{_tail(root / 'namespace.log')}\n"
+                    f"{last}\n{where}")
     result = json.loads(result_file.read_text())
     steps = result["steps"]
     print(f"ray up {steps['ray_up']['s']} s, serving {steps.get('serving', {}).get('s')} s after ray up started, "
           f"ray down {steps['ray_down']['s']} s (+{result['leftovers_gone_after_s']} s until nothing ran), "
-          f"whole namespace run {elapsed:.0f} s; {where}")
+          f"whole namespace run {elapsed:.0f} s")
+    _check(result, expected, where)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _check(result: dict, expected: dict, where: str) -> None:
+    steps = result["steps"]
 
     def tail(step: str) -> str:
         return f"{step}: {steps[step]['output'][-3000:]}\n{where}"
@@ -152,13 +170,14 @@ def test_ray_up_local_cluster_serves_the_engine_output(smollm_path, tmp_path):
     assert steps["ray_up"]["rc"] == 0, tail("ray_up")
     assert steps["serving"]["status"] == "SERVING", f"{steps['serving']}\n{result['serve_log'][-3000:]}\n{where}"
     # The draft on the head (draft_gpu), the target on the worker (target_gpu), each at its node's address.
-    assert re.search(r"target workers ready at 127\.0\.0\.2:\d+", result["serve_log"]), result["serve_log"][-3000:]
-    assert re.search(r"draft workers ready at 127\.0\.0\.1:\d+", result["serve_log"]), result["serve_log"][-3000:]
+    placed = result["serve_log"][-3000:] + where
+    assert re.search(r"target workers ready at 127\.0\.0\.2:\d+", result["serve_log"]), placed
+    assert re.search(r"draft workers ready at 127\.0\.0\.1:\d+", result["serve_log"]), placed
 
     assert steps["generate"]["rc"] == 0, tail("generate")
     remote = json.loads(steps["generate"]["output"][steps["generate"]["output"].index("{"):])
     for key in ("text", "token_ids", "finish_reason"):
-        assert remote[key] == expected[key], key
+        assert remote[key] == expected[key], f"{key}: {remote[key]!r} != the engine's {expected[key]!r}\n{where}"
     assert remote["stats"]["drafted"] > 0, remote["stats"]  # the draft worker on the other node took part
 
     assert steps["ray_exec_status"]["rc"] == 0, tail("ray_exec_status")
