@@ -24,8 +24,19 @@ from typing import Any
 
 SSH_ADDRESSES = ("127.0.0.1", "127.0.0.2")
 # Command lines of processes that must be gone after `ray down` (Ray's own list, plus ours).
-LEFTOVER_MARKERS = ("raylet", "gcs_server", "ray::", "default_worker.py", "monitor.py", "log_monitor.py",
-                    "dashboard", "runtime_env", "ray_process_reaper", "ray.util.client.server", "specdec")
+LEFTOVER_MARKERS = (
+    "raylet",
+    "gcs_server",
+    "ray::",
+    "default_worker.py",
+    "monitor.py",
+    "log_monitor.py",
+    "dashboard",
+    "runtime_env",
+    "ray_process_reaper",
+    "ray.util.client.server",
+    "specdec",
+)
 
 
 def sh(*cmd: str) -> None:
@@ -52,9 +63,13 @@ def private_mounts(spec: dict, home: Path) -> None:
 
     passwd = work / "passwd"
     lines = Path("/etc/passwd").read_text().splitlines()
-    passwd.write_text("".join(
-        (":".join(f[:5] + [str(home)] + f[6:]) if f[0] == "root" else line) + "\n"
-        for line in lines for f in [line.split(":")]))
+    passwd.write_text(
+        "".join(
+            (":".join(f[:5] + [str(home)] + f[6:]) if f[0] == "root" else line) + "\n"
+            for line in lines
+            for f in [line.split(":")]
+        )
+    )
     sh("mount", "--bind", str(passwd), "/etc/passwd")
 
     cache = home / ".cache" / "specdec"
@@ -70,18 +85,31 @@ def start_sshd(work: Path) -> subprocess.Popen:
     sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key"))
     sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "id_ed25519"))
     shutil.copy(d / "id_ed25519.pub", d / "authorized_keys")
-    (d / "sshd_config").write_text("\n".join([
-        "Port 22", *(f"ListenAddress {a}" for a in SSH_ADDRESSES),
-        f"HostKey {d / 'host_key'}", f"AuthorizedKeysFile {d / 'authorized_keys'}",
-        f"PidFile {d / 'sshd.pid'}", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no", "UsePAM no",
-        "StrictModes no",  # the work dir lies under /tmp (mode 1777)
-        "MaxSessions 64", "MaxStartups 64",  # Ray's SSH multiplexing opens many sessions at once
-        "LogLevel VERBOSE", "",
-    ]))
+    (d / "sshd_config").write_text(
+        "\n".join(
+            [
+                "Port 22",
+                *(f"ListenAddress {a}" for a in SSH_ADDRESSES),
+                f"HostKey {d / 'host_key'}",
+                f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                f"PidFile {d / 'sshd.pid'}",
+                "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "StrictModes no",  # the work dir lies under /tmp (mode 1777)
+                "MaxSessions 64",
+                "MaxStartups 64",  # Ray's SSH multiplexing opens many sessions at once
+                "LogLevel VERBOSE",
+                "",
+            ]
+        )
+    )
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
-    proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")],
-                            stdout=open(work / "logs" / "sshd.log", "w"), stderr=subprocess.STDOUT)
+    with open(work / "logs" / "sshd.log", "w") as log:  # sshd keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            ["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")], stdout=log, stderr=subprocess.STDOUT
+        )
     deadline = time.monotonic() + 20
     for addr in SSH_ADDRESSES:
         while True:
@@ -103,8 +131,13 @@ class Runner:
         self.n = 0
         self.env = {
             "PATH": f"{Path(spec['venv']) / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": str(home), "USER": "root", "LANG": "C.UTF-8", "PYTHONPATH": spec["repo"],
-            "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
+            "HOME": str(home),
+            "USER": "root",
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": spec["repo"],
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
         }
 
@@ -114,8 +147,9 @@ class Runner:
         t0 = time.monotonic()
         with open(log, "w") as f:
             try:
-                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env,
-                                    cwd=self.env["PYTHONPATH"], timeout=timeout).returncode
+                rc = subprocess.run(
+                    cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, cwd=self.env["PYTHONPATH"], timeout=timeout
+                ).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         return {"rc": rc, "s": round(time.monotonic() - t0, 1), "log": str(log), "output": log.read_text()}
@@ -176,17 +210,31 @@ def main(spec_path: str) -> int:
     try:
         sshd = start_sshd(work)
         t0 = time.monotonic()
-        steps["ray_up"] = run("ray-up", ["ray", "up", "-y", "--no-config-cache", "--disable-usage-stats",
-                                         "--log-color", "false", config], timeout=spec["up_timeout_s"])
+        steps["ray_up"] = run(
+            "ray-up",
+            ["ray", "up", "-y", "--no-config-cache", "--disable-usage-stats", "--log-color", "false", config],
+            timeout=spec["up_timeout_s"],
+        )
         if steps["ray_up"]["rc"] == 0:
             status = wait_serving(spec["server"], spec["serve_timeout_s"] - (time.monotonic() - t0))
             steps["serving"] = {"status": status, "s": round(time.monotonic() - t0, 1)}
         if steps.get("serving", {}).get("status") == "SERVING":
-            steps["generate"] = run("generate", ["specdec", "generate", "--server", spec["server"],
-                                                 *spec["generate_args"]], timeout=120)
-            steps["ray_exec_status"] = run("ray-exec-status", [
-                "ray", "exec", "--no-config-cache", "--log-color", "false", config,
-                "~/specdec/cluster/service.sh status"], timeout=120)
+            steps["generate"] = run(
+                "generate", ["specdec", "generate", "--server", spec["server"], *spec["generate_args"]], timeout=120
+            )
+            steps["ray_exec_status"] = run(
+                "ray-exec-status",
+                [
+                    "ray",
+                    "exec",
+                    "--no-config-cache",
+                    "--log-color",
+                    "false",
+                    config,
+                    "~/specdec/cluster/service.sh status",
+                ],
+                timeout=120,
+            )
     finally:
         serve_log = home / ".specdec" / "serve.log"
         result["serve_log"] = serve_log.read_text() if serve_log.exists() else ""

@@ -100,9 +100,28 @@ def _skip_reason() -> str | None:
 
 def _engine_output(env: dict) -> dict:
     """The single-process engine's greedy output (target alone) for the same request."""
-    out = subprocess.run(["specdec", "generate", "--target", SMOLLM, "--draft", "none", "--dtype", "float32",
-                          "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS), "--json"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            "specdec",
+            "generate",
+            "--target",
+            SMOLLM,
+            "--draft",
+            "none",
+            "--dtype",
+            "float32",
+            "--prompt",
+            PROMPT,
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--json",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -115,11 +134,16 @@ def test_ray_up_local_cluster_serves_the_engine_output(smollm_path):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    from specdec import packs
+    from specdec.core import packs
 
     venv = Path(sys.prefix)
-    env = dict(os.environ, PYTHONPATH=str(REPO), PATH=f"{venv / 'bin'}:{os.environ['PATH']}",
-               RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        PATH=f"{venv / 'bin'}:{os.environ['PATH']}",
+        RAY_AUTH_MODE="disabled",
+        HF_HUB_OFFLINE="1",
+    )
     expected = _engine_output(env)
 
     root = Path(tempfile.mkdtemp(prefix="specdec-ray-up-"))  # removed when the test passes, kept otherwise
@@ -129,34 +153,53 @@ def test_ray_up_local_cluster_serves_the_engine_output(smollm_path):
     serve_config.write_text(yaml.safe_dump(serve_variant(), sort_keys=False))
     cluster_yaml = work / "cluster.yaml"
     cluster_yaml.write_text(yaml.safe_dump(cluster_variant(work, venv, serve_config), sort_keys=False))
-    spec = {"work": str(work), "repo": str(REPO), "venv": str(venv), "cache": str(packs.cache_root()),
-            "cluster_yaml": str(cluster_yaml), "server": SERVER, "up_timeout_s": 300, "serve_timeout_s": 360,
-            "leftover_wait_s": 30,
-            "generate_args": ["--target", SMOLLM, "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS), "--json"]}
+    spec = {
+        "work": str(work),
+        "repo": str(REPO),
+        "venv": str(venv),
+        "cache": str(packs.cache_root()),
+        "cluster_yaml": str(cluster_yaml),
+        "server": SERVER,
+        "up_timeout_s": 300,
+        "serve_timeout_s": 360,
+        "leftover_wait_s": 30,
+        "generate_args": ["--target", SMOLLM, "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS), "--json"],
+    }
     (root / "spec.json").write_text(json.dumps(spec))
 
     t0 = time.monotonic()
     inner = f"ip link set lo up && {sys.executable} -m tests.e2e.ray_up_ns {root / 'spec.json'} & wait $!"
     with open(root / "namespace.log", "w") as log:
         try:
-            rc = subprocess.run([*NS_CMD, "bash", "-c", inner], cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, timeout=TIMEOUT_S).returncode
+            rc = subprocess.run(
+                [*NS_CMD, "bash", "-c", inner],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=TIMEOUT_S,
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     elapsed = time.monotonic() - t0
-    where = (f"kept in {root}: logs/ (one per command, sshd), ray-tmp/ (Ray's session logs), "
-             f"home/.specdec/serve.log, result.json; ../namespace.log")
+    where = (
+        f"kept in {root}: logs/ (one per command, sshd), ray-tmp/ (Ray's session logs), "
+        f"home/.specdec/serve.log, result.json; ../namespace.log"
+    )
     result_file = work / "result.json"
     if rc != 0 or not result_file.exists():
         logs = sorted((work / "logs").glob("*.log")) if (work / "logs").exists() else []
         last = f"{logs[-1].name}: {_tail(logs[-1])}" if logs else ""
-        pytest.fail(f"the namespace run ended with {rc} after {elapsed:.0f} s\n{_tail(root / 'namespace.log')}\n"
-                    f"{last}\n{where}")
+        pytest.fail(
+            f"the namespace run ended with {rc} after {elapsed:.0f} s\n{_tail(root / 'namespace.log')}\n{last}\n{where}"
+        )
     result = json.loads(result_file.read_text())
     steps = result["steps"]
-    print(f"ray up {steps['ray_up']['s']} s, serving {steps.get('serving', {}).get('s')} s after ray up started, "
-          f"ray down {steps['ray_down']['s']} s (+{result['leftovers_gone_after_s']} s until nothing ran), "
-          f"whole namespace run {elapsed:.0f} s")
+    print(
+        f"ray up {steps['ray_up']['s']} s, serving {steps.get('serving', {}).get('s')} s after ray up started, "
+        f"ray down {steps['ray_down']['s']} s (+{result['leftovers_gone_after_s']} s until nothing ran), "
+        f"whole namespace run {elapsed:.0f} s"
+    )
     _check(result, expected, where)
     shutil.rmtree(root, ignore_errors=True)
 
@@ -175,7 +218,7 @@ def _check(result: dict, expected: dict, where: str) -> None:
     assert re.search(r"draft workers ready at 127\.0\.0\.1:\d+", result["serve_log"]), placed
 
     assert steps["generate"]["rc"] == 0, tail("generate")
-    remote = json.loads(steps["generate"]["output"][steps["generate"]["output"].index("{"):])
+    remote = json.loads(steps["generate"]["output"][steps["generate"]["output"].index("{") :])
     for key in ("text", "token_ids", "finish_reason"):
         assert remote[key] == expected[key], f"{key}: {remote[key]!r} != the engine's {expected[key]!r}\n{where}"
     assert remote["stats"]["drafted"] > 0, remote["stats"]  # the draft worker on the other node took part

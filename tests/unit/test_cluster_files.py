@@ -32,14 +32,21 @@ from ray.autoscaler._private.commands import _bootstrap_config
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from cluster.config import ServeConfig, load_config
-from specdec.packs import PACKS
-from specdec.rpc.serving import actor_options
+from specdec.core.packs import PACKS
+from tests.ray_resources import actor_demand
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_FILES = sorted(p.stem for p in (REPO / "cluster").glob("*.yaml"))
-NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--runtime-env-agent-port",
-              "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port", "--metrics-export-port",
-              "--min-worker-port", "--max-worker-port")
+NODE_PORTS = (
+    "--node-manager-port",
+    "--object-manager-port",
+    "--runtime-env-agent-port",
+    "--dashboard-agent-grpc-port",
+    "--dashboard-agent-listen-port",
+    "--metrics-export-port",
+    "--min-worker-port",
+    "--max-worker-port",
+)
 HEAD_PORTS = ("--port", "--ray-client-server-port", "--dashboard-port")
 
 
@@ -94,17 +101,6 @@ def nodes(raw: dict) -> list[Node]:
     return [Node(name, dict(t["resources"]), False) for name, t in raw["available_node_types"].items()]
 
 
-def demand(pool) -> dict[str, float]:
-    """What Ray is asked for one replica: the service's own translation of the placement."""
-    opts = actor_options(pool.placement, {})
-    need = {"CPU": opts["num_cpus"], **opts.get("resources", {})}
-    if opts.get("num_gpus"):
-        need["GPU"] = opts["num_gpus"]
-    if opts.get("accelerator_type"):
-        need[f"accelerator_type:{opts['accelerator_type']}"] = 0.001  # how Ray asks for a GPU model
-    return need
-
-
 def shortfall(need: dict[str, float], node: Node) -> list[str]:
     out = []
     for key, amount in need.items():
@@ -122,7 +118,7 @@ def unplaced(raw: dict, cfg: ServeConfig) -> list[str]:
     for role, pool in (("target", cfg.target), ("draft", cfg.draft)):
         if pool is None:
             continue
-        need = demand(pool)
+        need = actor_demand(pool.placement)
         fits = [n for n in nodes(raw) if not shortfall(need, n)]
         if not fits:
             why = {n.name: shortfall(need, n) for n in nodes(raw)}
@@ -136,8 +132,9 @@ def unplaced(raw: dict, cfg: ServeConfig) -> list[str]:
 
 
 def prepared_models(raw: dict) -> set[str]:
-    commands = [c for key in ("setup_commands", "head_setup_commands", "worker_setup_commands")
-                for c in raw.get(key, [])]
+    commands = [
+        c for key in ("setup_commands", "head_setup_commands", "worker_setup_commands") for c in raw.get(key, [])
+    ]
     names: set[str] = set()
     for c in commands:
         if "models prepare" in c:
@@ -194,8 +191,10 @@ def test_ray_starts_with_explicit_ports_then_the_router(name):
     assert f"--address=$RAY_HEAD_IP:{head_ports['--port']}" in worker
     assert head_ports == ports(_one(load("aws")["head_start_ray_commands"], "ray start --head"))  # one port plan
     # the old router goes before its Ray; the new one starts once Ray runs, from configs/cluster.yaml
-    order = [next(i for i, c in enumerate(head_cmds) if m in c)
-             for m in ("service.sh stop", "ray stop", "ray start --head", "service.sh start")]
+    order = [
+        next(i for i, c in enumerate(head_cmds) if m in c)
+        for m in ("service.sh stop", "ray stop", "ray start --head", "service.sh start")
+    ]
     assert order == sorted(order)
     assert "--config ~/specdec/configs/cluster.yaml" in _one(head_cmds, "service.sh start")
     assert "env.sh" in raw["setup_commands"][0] and ">> ~/.bashrc" in raw["setup_commands"][0]
@@ -232,7 +231,8 @@ def test_a_pool_nobody_offers_is_reported():
     bad["provider"]["worker_ips"] = ["10.0.0.99"]  # not in the worker's resource map
     assert [p.split(" ")[0] for p in unplaced(bad, cfg)] == ["target"]
     bad = load("local")
-    bad["head_start_ray_commands"] = [c.replace('"draft_gpu": 2', '"draft_gpu": 1') for c in bad["head_start_ray_commands"]]
+    head = bad["head_start_ray_commands"]
+    bad["head_start_ray_commands"] = [c.replace('"draft_gpu": 2', '"draft_gpu": 1') for c in head]
     assert unplaced(bad, cfg) == ["draft: 2 replicas, room for 1"]
 
 
@@ -259,9 +259,11 @@ def test_a_model_the_setup_does_not_prepare_is_reported():
 
 def test_service_script_without_a_service(tmp_path):
     script = REPO / "cluster" / "service.sh"
-    subprocess.run(["bash", "-n", str(script), str(REPO / "cluster" / "env.sh")], check=True)
-    env = dict(os.environ, HOME=str(tmp_path), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               PYTHONPATH=str(REPO))
+    for path in (script, REPO / "cluster" / "env.sh"):
+        subprocess.run(["bash", "-n", str(path)], check=True)
+    env = dict(
+        os.environ, HOME=str(tmp_path), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", PYTHONPATH=str(REPO)
+    )
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=60)
