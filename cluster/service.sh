@@ -3,6 +3,7 @@
 #
 #   service.sh start [SERVE FLAGS...]    start it detached (setsid + nohup): it outlives the SSH session
 #   service.sh stop                      SIGTERM (running requests get router.grace_s), SIGKILL after 90 s
+#                                        (10 s if it is not serving yet)
 #   service.sh restart [SERVE FLAGS...]
 #   service.sh status [--wait SECONDS]   the process and the gRPC health of $SPECDEC_SERVER (127.0.0.1:50051)
 #
@@ -52,10 +53,13 @@ stop() {
         echo "specdec serve is not running"
         return 0
     fi
-    local pid
+    local pid wait_s=90
     pid="$(cat "$pidfile")"
+    # A router that is not serving yet has no requests to finish (and `specdec serve` goes on
+    # waiting for its workers after SIGTERM): 10 s, then SIGKILL.
+    [ "$(health)" = SERVING ] || wait_s=10
     kill -TERM "$pid"
-    for _ in $(seq 1 90); do
+    for _ in $(seq 1 "$wait_s"); do
         if ! running; then
             rm -f "$pidfile"
             echo "specdec serve (pid $pid) stopped"
@@ -65,7 +69,7 @@ stop() {
     done
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$pidfile"
-    echo "specdec serve (pid $pid) killed: still running 90 s after SIGTERM" >&2
+    echo "specdec serve (pid $pid) killed: still running $wait_s s after SIGTERM" >&2
 }
 
 health() {  # grpc.health.v1 status of the router, or the gRPC error code (UNAVAILABLE: not listening)
