@@ -10,8 +10,11 @@ by the same custom resources), no `ray stop` on the worker (both "machines" are 
 worker's Ray ports moved by PORT_SHIFT. The draft worker lands on the head by draft_gpu, the target
 on the worker by target_gpu. Checked: the Generate call from outside returns the single-process
 engine's greedy output, `ray exec` shows the service SERVING, and `ray down` leaves no Ray or
-specdec process. A failed run keeps its logs in /tmp/specdec-ray-up-* (the failure message
-says where); a passing run removes them.
+specdec process. If the worker machine fails to start (on a loaded machine its raylet can miss
+Ray's fixed 15 s wait for its dashboard agent, and the autoscaler never retries a local machine),
+the run does what an operator would: `ray up` once more (printed, and in bench/NOTES.md). A failed
+run keeps its logs in /tmp/specdec-ray-up-* (the failure message says where); a passing run
+removes them.
 """
 
 from __future__ import annotations
