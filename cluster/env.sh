@@ -11,9 +11,10 @@ export PATH="$HOME/specdec/.venv/bin:$PATH"
 export HF_HUB_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
 
-# Ray token auth: <placeholder: the issue that turns RAY_AUTH_MODE=token on fills this in>.
-# It will read: export RAY_AUTH_MODE=token; export RAY_AUTH_TOKEN_PATH="$HOME/.specdec/ray-token"
-# (the token file shipped to every node by a `file_mounts` entry of the cluster file).
+# Ray token auth: <placeholder: the issue that turns RAY_AUTH_MODE=token on for cluster files fills
+# this in>. It will read: export RAY_AUTH_MODE=token; export RAY_AUTH_TOKEN_PATH="$HOME/.specdec/ray-token"
+# (the token file shipped to every node by a `file_mounts` entry of the cluster file). Until then
+# ~/.specdec/env can set both on each node (tests/e2e/test_ray_up.py does).
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 
 # The address this node was reached at over SSH: for the local provider, its entry in head_ip /

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -135,7 +136,7 @@ class Runner:
             "USER": "root",
             "LANG": "C.UTF-8",
             "PYTHONPATH": spec["repo"],
-            "RAY_AUTH_MODE": "disabled",
+            **spec["ray_auth"],
             "RAY_USAGE_STATS_ENABLED": "0",
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
@@ -217,8 +218,10 @@ def main(spec_path: str) -> int:
     (work / "logs").mkdir()
     (home / ".specdec").mkdir(parents=True)
     (home / ".bashrc").touch()
-    # The nodes run the synced checkout (~/specdec) with the test machine's venv: no pip, no network.
-    (home / ".specdec" / "env").write_text('export PYTHONPATH="$HOME/specdec"\n')
+    # The nodes run the synced checkout (~/specdec) with the test machine's venv: no pip, no network;
+    # Ray's token auth, if on, through the per-node settings that cluster/env.sh reads last.
+    auth = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in spec["ray_auth"].items())
+    (home / ".specdec" / "env").write_text('export PYTHONPATH="$HOME/specdec"\n' + auth)
     run = Runner(spec, home)
     sshd = None
     config = spec["cluster_yaml"]
@@ -240,19 +243,13 @@ def main(spec_path: str) -> int:
             steps["generate"] = run(
                 "generate", ["specdec", "generate", "--server", spec["server"], *spec["generate_args"]], timeout=120
             )
-            steps["ray_exec_status"] = run(
-                "ray-exec-status",
-                [
-                    "ray",
-                    "exec",
-                    "--no-config-cache",
-                    "--log-color",
-                    "false",
-                    config,
-                    "~/specdec/cluster/service.sh status",
-                ],
-                timeout=120,
-            )
+            exec_ = ["ray", "exec", "--no-config-cache", "--log-color", "false", config]
+            steps["ray_exec_status"] = run("ray-exec-status", [*exec_, "~/specdec/cluster/service.sh status"], 120)
+            steps["ray_exec_ray_status"] = run("ray-exec-ray-status", [*exec_, "ray status"], 120)
+            if spec["ray_auth"].get("RAY_AUTH_MODE") == "token":  # the cluster refuses a wrong token
+                steps["ray_status_wrong_token"] = run(
+                    "ray-status-wrong-token", [*exec_, "RAY_AUTH_TOKEN=0123456789abcdef ray status"], 120
+                )
     finally:
         serve_log = home / ".specdec" / "serve.log"
         result["serve_log"] = serve_log.read_text() if serve_log.exists() else ""

@@ -10,7 +10,9 @@ by the same custom resources), no `ray stop` on the worker (both "machines" are 
 worker's Ray ports moved by PORT_SHIFT. The draft worker lands on the head by draft_gpu, the target
 on the worker by target_gpu. Checked: the Generate call from outside returns the single-process
 engine's greedy output, `ray exec` shows the service SERVING, and `ray down` leaves no Ray or
-specdec process. If the worker machine fails to start (on a loaded machine its raylet can miss
+specdec process. Ray's token auth is on as in the rest of the suite (the session's token reaches
+every node through ~/.specdec/env, which cluster/env.sh reads), and a wrong token is refused.
+If the worker machine fails to start (on a loaded machine its raylet can miss
 Ray's fixed 15 s wait for its dashboard agent, and the autoscaler never retries a local machine),
 the run does what an operator would: `ray up` once more (printed, and in bench/NOTES.md). A failed
 run keeps its logs in /tmp/specdec-ray-up-* (the failure message says where); a passing run
@@ -144,7 +146,6 @@ def test_ray_up_local_cluster_serves_the_engine_output(smollm_path):
         os.environ,
         PYTHONPATH=str(REPO),
         PATH=f"{venv / 'bin'}:{os.environ['PATH']}",
-        RAY_AUTH_MODE="disabled",
         HF_HUB_OFFLINE="1",
     )
     expected = _engine_output(env)
@@ -166,6 +167,8 @@ def test_ray_up_local_cluster_serves_the_engine_output(smollm_path):
         "up_timeout_s": 300,
         "serve_timeout_s": 360,
         "leftover_wait_s": 30,
+        # Ray's token auth as the test session has it (tests/conftest.py): every node gets it.
+        "ray_auth": {k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN") if k in os.environ},
         "generate_args": ["--target", SMOLLM, "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS), "--json"],
     }
     (root / "spec.json").write_text(json.dumps(spec))
@@ -231,6 +234,14 @@ def _check(result: dict, expected: dict, where: str) -> None:
 
     assert steps["ray_exec_status"]["rc"] == 0, tail("ray_exec_status")
     assert f"{SERVER} SERVING" in steps["ray_exec_status"]["output"], tail("ray_exec_status")
+    # Ray's view through `ray exec`: both machines joined, each with its pool's resource.
+    status = steps["ray_exec_ray_status"]["output"]
+    assert steps["ray_exec_ray_status"]["rc"] == 0 and "draft_gpu" in status and "target_gpu" in status, status
+    if "ray_status_wrong_token" in steps:
+        wrong = steps["ray_status_wrong_token"]
+        assert wrong["rc"] not in (0, "timeout") and "InvalidAuthToken" in wrong["output"], tail(
+            "ray_status_wrong_token"
+        )
 
     assert steps["ray_down"]["rc"] == 0, tail("ray_down")
     assert result["leftovers"] == [], f"still running after ray down: {result['leftovers']}\n{where}"
