@@ -1,5 +1,5 @@
 """Deployment: the ``specdec serve`` launcher (embedded or an existing Ray cluster), its YAML config,
-and a ``ray up`` cluster example (``cluster/ray-cluster.example.yaml``).
+and a ``ray up`` cluster example (``cluster/aws.yaml``).
 
 This package composes the three services (draft_worker, target_worker, router); it is the only one
 allowed to import them all.
