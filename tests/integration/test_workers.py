@@ -235,9 +235,9 @@ def test_info_and_tokenize(workers, reference):
     assert (t.max_context, t.num_slots) == (MAX_LEN, TARGET_SLOTS)
     assert t.free_slots == TARGET_SLOTS and t.vocab_size == 259 and list(t.eos_token_ids) == sorted(reference["eos"])
     assert (d.role, d.num_slots, d.free_slots, d.vocab_size) == ("draft", 4, 4, 259)
-    ids = workers.target.stub.Tokenize(worker_pb2.TokenizeRequest(text=PROMPT), timeout=10).token_ids
+    ids = workers.target.stub.Tokenize(worker_pb2.TokenizeTextRequest(text=PROMPT), timeout=10).token_ids
     assert list(ids) == reference["prompt"]
-    code, msg = code_of(lambda: workers.target.stub.Tokenize(worker_pb2.TokenizeRequest(text="hi", chat=True)))
+    code, msg = code_of(lambda: workers.target.stub.Tokenize(worker_pb2.TokenizeTextRequest(text="hi", chat=True)))
     assert code is grpc.StatusCode.FAILED_PRECONDITION and "chat template" in msg  # tiny models have none
     import ray
 
