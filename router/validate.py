@@ -208,13 +208,13 @@ def finalize(
     field = "prompt" if p.prompt is not None else "prompt_token_ids"
     if not prompt_ids:
         raise InvalidParams(field, "the prompt is empty after tokenization")
-    check_token_ids(prompt_ids, vocab_size, "prompt_token_ids")
-    if len(prompt_ids) >= max_context:
+    if len(prompt_ids) >= max_context:  # before the per-id check: it is cheaper
         raise InvalidParams(
             field,
             f"prompt has {len(prompt_ids)} tokens; the model's context is "
             f"{max_context} tokens, which leaves no room to generate",
         )
+    check_token_ids(prompt_ids, vocab_size, "prompt_token_ids")
     max_tokens = p.max_tokens or min(default_max_tokens, max_context - len(prompt_ids))
     params = SamplingParams(
         max_tokens=max_tokens,
