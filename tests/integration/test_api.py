@@ -134,31 +134,34 @@ def test_access_log_one_line_per_request_without_text(api, caplog):
 
 def test_huge_prompts_do_not_stall_a_normal_request(api):
     """12 prompts of 3.5 MB beside a normal request: refused before they are tokenized, they leave
-    its latency within 1.5x of its solo figure (both measured here, medians of 3)."""
-    huge = build_request("x" * 3_500_000)  # built once: the clients' own cost is not under test
+    its latency within 1.5x of its solo figure. Solo and loaded runs alternate (the machine's other
+    load hits both alike); medians of 3."""
+    huge = build_request("x" * 3_500_000).SerializeToString()  # serialized once: the clients' cost is not under test
 
     def normal() -> float:
         t0 = time.perf_counter()
-        api.client.generate("def fib(n):", max_tokens=48, ignore_eos=True, timeout=60)
+        api.client.generate("def fib(n):", max_tokens=128, ignore_eos=True, timeout=120)
         return time.perf_counter() - t0
 
-    normal()  # warm
-    solo = statistics.median(normal() for _ in range(3))
     errors: list = []
 
-    def send_huge() -> None:
+    def send_huge(raw) -> None:
         try:
-            api.stub.Generate(huge, timeout=60)
+            raw(huge, timeout=60)
         except grpc.RpcError as exc:
             errors.append(from_rpc_error(exc).field)
 
-    loaded = []
-    for _ in range(3):
-        threads = [threading.Thread(target=send_huge) for _ in range(12)]
-        for t in threads:
-            t.start()
-        loaded.append(normal())
-        for t in threads:
-            t.join(60)
+    normal()  # warm
+    solo, loaded = [], []
+    with grpc.insecure_channel(api.router.address) as ch:
+        raw = ch.unary_unary(GENERATE)  # bytes in, bytes out
+        for _ in range(3):
+            solo.append(normal())
+            threads = [threading.Thread(target=send_huge, args=(raw,)) for _ in range(12)]
+            for t in threads:
+                t.start()
+            loaded.append(normal())
+            for t in threads:
+                t.join(60)
     assert errors == ["prompt"] * 36
-    assert statistics.median(loaded) <= 1.5 * solo, (solo, loaded)
+    assert statistics.median(loaded) <= 1.5 * statistics.median(solo), (solo, loaded)
