@@ -35,6 +35,8 @@ class RouterConfig:
     max_queue: requests waiting for a batch slot, per target worker; beyond it RESOURCE_EXHAUSTED.
     max_batch: requests decoded together per target worker (0 = the target's KV slots).
     default_max_tokens: used when a request leaves max_tokens at 0 (capped by the context).
+    max_prompt_bytes: the largest prompt text accepted, in UTF-8 bytes, checked before it is
+      tokenized; 0 = 32 bytes per token of the model's context (router.validate).
     k_policy: draft length: fixed k, or adaptive per request within [k_min, k_max] (the core's
       AdaptiveK); a request's own ``speculation.k`` is capped at ``k_policy.k_max``.
     default_mode: what SPECULATION_MODE_AUTO / UNSPECIFIED means: "draft" (the draft worker;
@@ -70,6 +72,7 @@ class RouterConfig:
     max_queue: int = 64
     max_batch: int = 0
     default_max_tokens: int = 256
+    max_prompt_bytes: int = 0
     k_policy: KPolicy = field(default_factory=lambda: KPolicy(k=4, adaptive=True, k_min=1, k_max=12))
     default_mode: str = "draft"
     auto_off_batch: int = 0
@@ -97,7 +100,7 @@ class RouterConfig:
             v = getattr(self, key)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"router.{key} must be an integer >= 1 (got {v!r})")
-        for key in ("max_batch", "auto_off_batch"):
+        for key in ("max_batch", "auto_off_batch", "max_prompt_bytes"):
             v = getattr(self, key)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"router.{key} must be an integer >= 0 (got {v!r})")

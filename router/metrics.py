@@ -5,7 +5,8 @@ Served over HTTP at ``/metrics`` (default 127.0.0.1:9400) by :meth:`Metrics.serv
 Series:
 
 * ``specdec_requests_total{outcome}``: finished requests by outcome (stop, length, cancelled,
-  deadline_exceeded, invalid_argument, resource_exhausted, unavailable, error).
+  deadline_exceeded, invalid_argument (requests that do not decode included), not_found,
+  resource_exhausted, unavailable, error).
 * ``specdec_prompt_tokens_total``, ``specdec_generated_tokens_total``.
 * ``specdec_time_to_first_token_seconds``, ``specdec_time_per_output_token_seconds``,
   ``specdec_request_duration_seconds`` (histograms).

@@ -41,7 +41,7 @@ from router.jobs import Chunk, Job, QueueFull, next_job_key
 from router.metrics import Metrics
 from router.target_link import TargetLink
 from router.workers import WorkerClient, WorkerUnavailable
-from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.params import InvalidParams, SamplingParams, VerifyMode
 from specdec.core.prefill_plan import PrefillNeed, chunks_between, plan_prefill
 from specdec.core.request_state import CostMeter, KPolicy, new_request
 from specdec.core.round_types import Draft
@@ -156,10 +156,7 @@ class TargetScheduler:
             if spec == "draft" and self.draft is None:
                 spec = "ngram"
         if spec == "draft" and self.draft is None:
-            raise RpcStatusError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "speculation.mode: this deployment has no draft model; use NGRAM, OFF or AUTO",
-            )
+            raise InvalidParams("speculation.mode", "this deployment has no draft model; use NGRAM, OFF or AUTO")
         policy = self.cfg.k_policy
         if spec == "off":
             policy = KPolicy(k=0)
@@ -169,14 +166,19 @@ class TargetScheduler:
         state = new_request(key, prompt_ids, params, mode, policy, self.eos_token_ids, self.decode)
         return Job(key=key, request_id=request_id, state=state, spec=spec, auto=auto, deadline=deadline)
 
-    def submit(self, job: Job) -> None:
+    def check_room(self) -> None:
+        """Raise unless a new job would be queued now (QueueFull, or UNAVAILABLE while closing):
+        called before the costly work of admitting one (tokenizing), and by :meth:`submit`."""
         if self._closing:
-            raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+            raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down", retry_after=1.0)
         self._admit()
         if len(self.waiting) >= self.cfg.max_queue:
             raise QueueFull(
                 f"the request queue is full ({len(self.waiting)} waiting, {len(self.running)} running); retry later"
             )
+
+    def submit(self, job: Job) -> None:
+        self.check_room()
         self.waiting.append(job)
         self.metrics.queue_depth.inc()
         self.metrics.prompt_tokens.inc(len(job.state.prompt_ids))

@@ -24,10 +24,10 @@ import grpc
 from router.config import RouterConfig
 from router.detok import Detokenizer, resolve_model_dir
 from router.metrics import Metrics
+from router.retry import worker_recovery_estimate
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
-from specdec.core.params import InvalidParams
 from specdec.rpc import generate_pb2, generate_pb2_grpc
 from specdec.rpc.errors import RpcStatusError
 from specdec.rpc.server import announce_aio_shutdown, start_aio_server
@@ -111,7 +111,10 @@ class Router:
             self.schedulers.append(sched)
         servicer = GenerationService(self)
         self.server, self.port = await start_aio_server(
-            [(generate_pb2_grpc.add_GenerationServicer_to_server, servicer, SERVICE_NAME)], cfg.host, cfg.port
+            [(generate_pb2_grpc.add_GenerationServicer_to_server, servicer, SERVICE_NAME)],
+            cfg.host,
+            cfg.port,
+            on_refused=servicer.refused,
         )
         if cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
@@ -142,20 +145,31 @@ class Router:
     def model_names(self) -> list[str]:
         return list(dict.fromkeys(b.model for b in self.bindings))
 
-    def pick(self, model: str) -> TargetScheduler:
-        """The least-loaded scheduler serving ``model`` ("" = the first model)."""
+    def schedulers_for(self, model: str) -> list[TargetScheduler]:
+        """The schedulers serving ``model`` ("" = the first model); NOT_FOUND listing the models."""
         name = model or self.bindings[0].model
         candidates = [s for s in self.schedulers if s.name == name]
         if not candidates:
-            raise InvalidParams("model", f"unknown model {model!r}; this server has {', '.join(self.model_names())}")
+            shown = model if len(model) <= 64 else model[:61] + "..."
+            raise RpcStatusError(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {shown!r} is not served here; models: {', '.join(self.model_names())}",
+            )
+        return candidates
+
+    def pick(self, model: str) -> TargetScheduler:
+        """The least-loaded scheduler serving ``model`` ("" = the first model); UNAVAILABLE with a
+        recovery estimate when every target for it has been down past ``recovery_timeout_s``."""
+        candidates = self.schedulers_for(model)
         limit = self.config.recovery_timeout_s
-        alive = [
-            s
-            for s in candidates
-            if s.target.up or s.link.down_since is None or time.monotonic() - s.link.down_since < limit
-        ]
+        now = time.monotonic()
+        alive = [s for s in candidates if s.target.up or s.link.down_since is None or now - s.link.down_since < limit]
         if not alive:
-            raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, f"no target worker for {name!r} is available")
+            raise RpcStatusError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"no target worker for {candidates[0].name!r} is available",
+                retry_after=min(worker_recovery_estimate(s.target) for s in candidates),
+            )
         return min(alive, key=lambda s: (not s.target.up, s.load))
 
     def list_models(self) -> generate_pb2.ListModelsResponse:
@@ -169,14 +183,16 @@ class Router:
             info = w.info
             m = seen.get((name, role))
             if m is None:
-                m = seen[(name, role)] = out.models.add(
-                    name=name,
-                    role=role,
-                    dtype=info.dtype if info else "",
-                    device=info.device if info else "",
-                    max_context=info.max_context if info else 0,
-                    ready=False,
-                )
+                m = seen[(name, role)] = out.models.add(name=name, role=role, ready=False)
+                if info is not None:
+                    m.dtype, m.device, m.max_context, m.vocab_size = (
+                        info.dtype,
+                        info.device,
+                        info.max_context,
+                        info.vocab_size,
+                    )
+                    m.eos_token_ids.extend(info.eos_token_ids)
+                    m.has_chat_template = role == "target" and info.has_chat_template
             m.ready = m.ready or w.up
         return out
 

@@ -122,6 +122,8 @@ class WorkerClient:
         self.info: worker_pb2.WorkerInfo | None = None
         self.up = False
         self.restarts = 0  # address changes after a failure (a restarted actor)
+        self.down_since: float | None = None  # time.monotonic() when it went down
+        self.last_recovery_s: float | None = None  # how long its last recovery took (for RetryInfo)
         self.lock = asyncio.Lock()  # batch RPCs (Propose / Verify) go one at a time
         self._recovery: asyncio.Task | None = None
         self._closed = False
@@ -172,6 +174,7 @@ class WorkerClient:
     def mark_down(self, why: str) -> None:
         if self.up:
             log.warning("%s worker %s (%s) is down: %s", self.role, self.name, self.address, why)
+            self.down_since = time.monotonic()
         self._set_up(False)
         self._ensure_recovery()
 
@@ -191,6 +194,8 @@ class WorkerClient:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
+            if self.down_since is not None:
+                self.last_recovery_s = time.monotonic() - self.down_since
             if self.restarts or time.monotonic() - t0 > 1:
                 log.info(
                     "%s worker %s is up at %s (after %.1f s)", self.role, self.name, self.address, time.monotonic() - t0

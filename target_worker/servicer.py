@@ -87,6 +87,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             "num_slots": self.runner.num_slots,
             "free_slots": self.verifier.free_slots,
             "eos_token_ids": list(self.eos_token_ids),
+            "has_chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
         }
 
     # ---- RPCs --------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         return worker_pb2.ReleaseResponse(released=released)
 
     @rpc_method
-    def Tokenize(self, request: worker_pb2.TokenizeRequest, context) -> worker_pb2.TokenizeResponse:
+    def Tokenize(self, request: worker_pb2.TokenizeTextRequest, context) -> worker_pb2.TokenizeTextResponse:
         if request.chat and not getattr(self.tokenizer, "chat_template", None):
             raise RpcStatusError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -148,7 +149,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             )
         with self._tok_lock:
             ids = encode_prompt(self.tokenizer, request.text, request.chat)
-        return worker_pb2.TokenizeResponse(token_ids=[int(t) for t in ids])
+        return worker_pb2.TokenizeTextResponse(token_ids=[int(t) for t in ids])
 
     @rpc_method
     def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from specdec.cli.bench import add_bench
 from specdec.cli.exit_codes import FAILED, OK, USAGE
 from specdec.cli.generate import add_generate
+from specdec.cli.log_format import TEXT_FORMAT
 from specdec.cli.serve import add_serve
 from specdec.core import pack_prepare, packs
 
@@ -107,9 +108,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=TEXT_FORMAT)
     try:
         return args.func(args)
     except packs.PackError as exc:  # a message a person can act on, not a stack trace

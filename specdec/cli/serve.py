@@ -13,6 +13,7 @@ import sys
 import time
 
 from specdec.cli.exit_codes import FAILED, OK, USAGE
+from specdec.cli.log_format import LOG_FORMATS, set_log_format
 from specdec.core.dtypes import DTYPE_NAMES
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ def _load_serve_config(args: argparse.Namespace):
 
 
 def _serve(args: argparse.Namespace) -> int:
+    set_log_format(args.log_format)
     try:
         cfg = _load_serve_config(args)
     except ValueError as exc:
@@ -80,6 +82,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         "--address",
         default=None,
         help="Ray cluster to join ('auto' = the running one); default: an embedded local cluster",
+    )
+    p.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="log lines as text or JSON objects (the access log, logger specdec.access, gives its fields)",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=_serve)

@@ -33,8 +33,8 @@ class VerifyItem:
 class TargetVerifier:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self.slots = SlotTable(runner)
-        self.generators: dict[str, torch.Generator] = {}
+        self.generators: dict[str, torch.Generator] = {}  # per request: lives and dies with its slot
+        self.slots = SlotTable(runner, on_free=lambda rid: self.generators.pop(rid, None))
 
     @property
     def free_slots(self) -> int:
@@ -103,7 +103,6 @@ class TargetVerifier:
 
     def release(self, request_id: str) -> None:
         self.slots.release(request_id)
-        self.generators.pop(request_id, None)
 
 
 __all__ = ["TargetVerifier", "VerifyItem", "SlotsExhausted"]

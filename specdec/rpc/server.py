@@ -1,7 +1,8 @@
 """gRPC servers (sync thread pool, or grpc.aio) with health checking and reflection.
 
 Every server answers the standard health service (SERVING for "" and each service, NOT_SERVING
-while draining) and server reflection (the services, health and reflection itself).
+while draining) and server reflection (the services, health and reflection itself), and refuses
+requests whose bytes do not decode with INVALID_ARGUMENT (:mod:`specdec.rpc.decode_guard`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from specdec.rpc.decode_guard import OnRefused, aio_guard, sync_guard
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +60,17 @@ def start_server(
     port: int = 0,
     max_workers: int = 4,
     options: Sequence[tuple[str, Any]] = (),
+    on_refused: OnRefused | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a sync gRPC server (thread pool of ``max_workers``); returns (server, bound port).
 
     ``port=0`` picks a free port. Health reports SERVING for "" and each registered service;
     reflection lists the services, grpc.health.v1.Health and the reflection service.
+    ``on_refused(method, peer, error)`` is called for each request that does not decode.
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc-server"),
+        interceptors=[sync_guard(on_refused)],
         options=[("grpc.so_reuseport", 0), *options],  # never share a port with another server
     )
     names = _register(server, register)
@@ -83,10 +89,14 @@ def start_server(
 
 
 async def start_aio_server(
-    register: Sequence[Registration], host: str = "127.0.0.1", port: int = 0, options: Sequence[tuple[str, Any]] = ()
+    register: Sequence[Registration],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    options: Sequence[tuple[str, Any]] = (),
+    on_refused: OnRefused | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """The grpc.aio twin of :func:`start_server` (servicer methods may be coroutines)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *options])
+    server = grpc.aio.server(interceptors=[aio_guard(on_refused)], options=[("grpc.so_reuseport", 0), *options])
     names = _register(server, register)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

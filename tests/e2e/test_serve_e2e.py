@@ -1,9 +1,11 @@
 """`specdec serve` as a real subprocess: embedded Ray, SmolLM2-135M workers, third-party clients.
 
-The service is started from a YAML config on free ports; grpcurl (a third-party client) lists the
-services through reflection, calls Generate and the health check; `specdec generate --server`
-must print the same JSON (text, token_ids, finish_reason, usage) as the local `specdec generate`;
-/metrics shows specdec_ series; SIGTERM ends it cleanly (exit code 0).
+The service is started from a YAML config on free ports with JSON logs; grpcurl (a third-party
+client) lists the services through reflection, calls Generate, Tokenize, ListModels and the health
+check, and sees an error's google.rpc details (the README's API section shows these calls);
+`specdec generate --server` must print the same JSON (text, token_ids, finish_reason, usage) as the
+local `specdec generate`; /metrics shows specdec_ series; the access log has a JSON line per request;
+SIGTERM ends it cleanly (exit code 0).
 """
 
 from __future__ import annotations
@@ -59,12 +61,16 @@ def served(smollm_path, tmp_path_factory):
     path.write_text(yaml.safe_dump(config))
     log = open(tmp / "serve.log", "w+")
     proc = subprocess.Popen(
-        [*SPECDEC, "serve", "--config", str(path)], cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT
+        [*SPECDEC, "serve", "--config", str(path), "--log-format", "json"],
+        cwd=REPO,
+        env=_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     address = f"127.0.0.1:{port}"
     try:
         _wait_serving(proc, address, log, timeout=240)
-        yield {"proc": proc, "address": address, "metrics_port": metrics_port, "log": log}
+        yield dict(proc=proc, address=address, metrics_port=metrics_port, log=log, log_path=tmp / "serve.log")
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -104,7 +110,7 @@ def test_grpcurl_lists_services_calls_generate_and_health(served):
     assert out.returncode == 0, out.stderr
     assert set(out.stdout.split()) == {GENERATION, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
     out = run_grpcurl("-plaintext", address, "list", GENERATION)
-    assert out.stdout.split() == [f"{GENERATION}.{m}" for m in ("Generate", "GenerateStream", "ListModels")]
+    assert out.stdout.split() == [f"{GENERATION}.{m}" for m in ("Generate", "GenerateStream", "ListModels", "Tokenize")]
 
     body = {
         "request_id": "curl-1",
@@ -132,6 +138,22 @@ def test_grpcurl_lists_services_calls_generate_and_health(served):
 
     out = run_grpcurl("-plaintext", "-d", json.dumps({"prompt": PROMPT, "top_p": 2}), address, f"{GENERATION}/Generate")
     assert out.returncode != 0 and "InvalidArgument" in out.stdout + out.stderr and "top_p" in out.stdout + out.stderr
+    # the details, as a program in any language reads them
+    assert '"@type":"type.googleapis.com/google.rpc.BadRequest"' in out.stdout + out.stderr
+    assert '"field_violations":[{"field":"top_p"' in out.stdout + out.stderr
+    body = json.dumps({"prompt": "x", "model": "gpt-9"})
+    out = run_grpcurl("-plaintext", "-d", body, address, f"{GENERATION}/Generate")
+    assert "NotFound" in out.stdout + out.stderr and SMOLLM in out.stdout + out.stderr
+
+    # Tokenize: what Generate runs (its usage.prompt_tokens), with and without the chat template
+    out = run_grpcurl("-plaintext", "-d", json.dumps({"prompt": PROMPT}), address, f"{GENERATION}/Tokenize")
+    assert out.returncode == 0, out.stderr
+    tok = json.loads(out.stdout)
+    assert tok["count"] == len(tok["token_ids"]) == resp["usage"]["prompt_tokens"]
+    body = json.dumps({"prompt": PROMPT, "chat": True})
+    out = run_grpcurl("-plaintext", "-d", body, address, f"{GENERATION}/Tokenize")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["count"] > tok["count"]  # the template adds the turn markers
 
     for service in ("", GENERATION):
         out = run_grpcurl("-plaintext", "-d", json.dumps({"service": service}), address, "grpc.health.v1.Health/Check")
@@ -144,6 +166,13 @@ def test_grpcurl_lists_services_calls_generate_and_health(served):
         (SMOLLM, "target", True),
         (SMOLLM, "draft", True),
     ]
+    assert models[0]["vocab_size"] == 49152 and models[0]["eos_token_ids"] and models[0]["has_chat_template"]
+
+    # the access log: one JSON line for the Generate above, without its text
+    lines = [json.loads(x) for x in served["log_path"].read_text().splitlines() if x.startswith("{")]
+    (access,) = [x for x in lines if x["logger"] == "specdec.access" and x["request_id"] == "curl-1"]
+    assert access["status"] == "OK" and access["completion_tokens"] == resp["usage"]["completion_tokens"]
+    assert access["total_ms"] >= access["ttft_ms"] > 0 and PROMPT not in json.dumps(access)
 
 
 def test_generate_server_json_matches_local(served):

@@ -235,9 +235,10 @@ def test_info_and_tokenize(workers, reference):
     assert (t.max_context, t.num_slots) == (MAX_LEN, TARGET_SLOTS)
     assert t.free_slots == TARGET_SLOTS and t.vocab_size == 259 and list(t.eos_token_ids) == sorted(reference["eos"])
     assert (d.role, d.num_slots, d.free_slots, d.vocab_size) == ("draft", 4, 4, 259)
-    ids = workers.target.stub.Tokenize(worker_pb2.TokenizeRequest(text=PROMPT), timeout=10).token_ids
+    assert t.has_chat_template is False and d.has_chat_template is False
+    ids = workers.target.stub.Tokenize(worker_pb2.TokenizeTextRequest(text=PROMPT), timeout=10).token_ids
     assert list(ids) == reference["prompt"]
-    code, msg = code_of(lambda: workers.target.stub.Tokenize(worker_pb2.TokenizeRequest(text="hi", chat=True)))
+    code, msg = code_of(lambda: workers.target.stub.Tokenize(worker_pb2.TokenizeTextRequest(text="hi", chat=True)))
     assert code is grpc.StatusCode.FAILED_PRECONDITION and "chat template" in msg  # tiny models have none
     import ray
 
@@ -336,6 +337,16 @@ def test_bad_input_is_invalid_argument(workers, reference):
     assert code is C.INVALID_ARGUMENT and "twice" in msg
     code, msg = code_of(verify(sequence_to_proto("bad", [1] * MAX_LEN, GREEDY, None), worker_pb2.Draft(tokens=[1])))
     assert code is C.OUT_OF_RANGE and str(MAX_LEN) in msg
+    # Bytes that do not decode: INVALID_ARGUMENT naming the field (google.rpc.BadRequest), not INTERNAL.
+    calls = (
+        (workers.target, "TargetService/Verify", worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=ok)])),
+        (workers.draft, "DraftService/Propose", worker_pb2.ProposeRequest(sequences=[ok])),
+    )
+    for w, method, msg in calls:
+        garbled = msg.SerializeToString().replace(b"bad", b"b\xffd")  # the request id
+        code, details = code_of(lambda: w.channel.unary_unary(f"/specdec.v1.{method}")(garbled, timeout=10))  # noqa: B023
+        path = "items[0].sequence.request_id" if "Verify" in method else "sequences[0].request_id"
+        assert (code, details) == (C.INVALID_ARGUMENT, f"request does not decode: {path} is not valid UTF-8")
     # Nothing was left behind, and the worker keeps serving.
     assert workers.target.info().free_slots == TARGET_SLOTS
 

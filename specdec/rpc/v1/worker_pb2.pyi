@@ -128,7 +128,7 @@ class ReleaseResponse(_message.Message):
     released: int
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
-class TokenizeRequest(_message.Message):
+class TokenizeTextRequest(_message.Message):
     __slots__ = ("text", "chat")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -136,7 +136,7 @@ class TokenizeRequest(_message.Message):
     chat: bool
     def __init__(self, text: _Optional[str] = ..., chat: _Optional[bool] = ...) -> None: ...
 
-class TokenizeResponse(_message.Message):
+class TokenizeTextResponse(_message.Message):
     __slots__ = ("token_ids",)
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -147,7 +147,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "role", "dtype", "device", "max_context", "vocab_size", "num_slots", "free_slots", "eos_token_ids")
+    __slots__ = ("model", "role", "dtype", "device", "max_context", "vocab_size", "num_slots", "free_slots", "eos_token_ids", "has_chat_template")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,7 @@ class WorkerInfo(_message.Message):
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     FREE_SLOTS_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     model: str
     role: str
     dtype: str
@@ -166,4 +167,5 @@ class WorkerInfo(_message.Message):
     num_slots: int
     free_slots: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model: _Optional[str] = ..., role: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    has_chat_template: bool
+    def __init__(self, model: _Optional[str] = ..., role: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ...) -> None: ...

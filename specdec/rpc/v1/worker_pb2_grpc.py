@@ -266,8 +266,8 @@ class TargetServiceStub:
                 _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/specdec.v1.TargetService/Tokenize',
-                request_serializer=specdec_dot_v1_dot_worker__pb2.TokenizeRequest.SerializeToString,
-                response_deserializer=specdec_dot_v1_dot_worker__pb2.TokenizeResponse.FromString,
+                request_serializer=specdec_dot_v1_dot_worker__pb2.TokenizeTextRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_worker__pb2.TokenizeTextResponse.FromString,
                 _registered_method=True)
         self.Info = channel.unary_unary(
                 '/specdec.v1.TargetService/Info',
@@ -342,8 +342,8 @@ def add_TargetServiceServicer_to_server(servicer, server):
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
-                    request_deserializer=specdec_dot_v1_dot_worker__pb2.TokenizeRequest.FromString,
-                    response_serializer=specdec_dot_v1_dot_worker__pb2.TokenizeResponse.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_worker__pb2.TokenizeTextRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_worker__pb2.TokenizeTextResponse.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
@@ -459,8 +459,8 @@ class TargetService:
             request,
             target,
             '/specdec.v1.TargetService/Tokenize',
-            specdec_dot_v1_dot_worker__pb2.TokenizeRequest.SerializeToString,
-            specdec_dot_v1_dot_worker__pb2.TokenizeResponse.FromString,
+            specdec_dot_v1_dot_worker__pb2.TokenizeTextRequest.SerializeToString,
+            specdec_dot_v1_dot_worker__pb2.TokenizeTextResponse.FromString,
             options,
             channel_credentials,
             insecure,
