@@ -10,11 +10,10 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-import grpc
-
 from specdec.core.request_state import KPolicy
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.client import SpecdecClient
+from specdec.rpc.worker_secret import worker_channel
 
 MAX_LEN = 1024
 SLOTS = 8
@@ -37,7 +36,7 @@ class Service:
         handle = self.target if role == "target" else self.draft
         address = ray.get(handle.address.remote(), timeout=120)
         stub_cls = worker_pb2_grpc.TargetServiceStub if role == "target" else worker_pb2_grpc.DraftServiceStub
-        with grpc.insecure_channel(address) as ch:
+        with worker_channel(address) as ch:  # the workers require the session's secret
             return stub_cls(ch).Info(worker_pb2.InfoRequest(), timeout=10)
 
     def wait_slots_free(self, timeout: float = 20.0) -> None:
