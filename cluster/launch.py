@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.config import PoolConfig, ServeConfig
+from cluster.local_ray import check_loopback, pin_loopback_node
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ def start_ray(cfg: ServeConfig) -> bool:
     resources = dict(rc.resources) if rc.resources else _default_resources(cfg)
     log.info("starting an embedded Ray cluster: %d logical CPUs, resources %s", num_cpus, resources)
     system = {"worker_niceness": rc.worker_niceness} if rc.worker_niceness is not None else None
+    pin_loopback_node()  # every Ray process binds 127.0.0.1 (cluster/local_ray.py)
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -114,6 +116,7 @@ def start_ray(cfg: ServeConfig) -> bool:
         _node_ip_address="127.0.0.1",
         _system_config=system,
     )
+    check_loopback()
     return True
 
 
@@ -144,8 +147,11 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
     """Start everything; returns once the router serves. The caller stops it (``Deployment.stop``)."""
     from router.server import RouterThread, TargetBinding
     from router.workers import ActorEndpoint
+    from specdec.rpc.worker_secret import ensure_secret
 
     check_models(cfg)
+    cfg.security.check_files()
+    ensure_secret(cfg.security.worker_secret_file)  # before Ray starts: its processes inherit it
     started = start_ray(cfg)
     dep = Deployment(config=cfg, router=None, started_ray=started)
     try:
@@ -170,7 +176,7 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
                     tokenizer=cfg.target.tokenizer or cfg.target.worker.model,
                 )
             )
-        dep.router = RouterThread(bindings, cfg.router).start(connect_timeout)
+        dep.router = RouterThread(bindings, cfg.router, security=cfg.security).start(connect_timeout)
     except BaseException:
         dep.stop(grace=0)
         raise

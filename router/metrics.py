@@ -6,7 +6,7 @@ Series:
 
 * ``specdec_requests_total{outcome}``: finished requests by outcome (stop, length, cancelled,
   deadline_exceeded, invalid_argument (requests that do not decode included), not_found,
-  resource_exhausted, unavailable, error).
+  resource_exhausted (a client over its limit included), unauthenticated, unavailable, error).
 * ``specdec_prompt_tokens_total``, ``specdec_generated_tokens_total``.
 * ``specdec_time_to_first_token_seconds``, ``specdec_time_per_output_token_seconds``,
   ``specdec_request_duration_seconds`` (histograms).

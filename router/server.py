@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from router.client_limit import ClientLimiter
 from router.config import RouterConfig
 from router.detok import Detokenizer, resolve_model_dir
 from router.metrics import Metrics
@@ -29,6 +30,7 @@ from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
 from specdec.rpc import generate_pb2, generate_pb2_grpc
+from specdec.rpc.api_security import SecurityConfig
 from specdec.rpc.errors import RpcStatusError
 from specdec.rpc.server import announce_aio_shutdown, start_aio_server
 
@@ -54,13 +56,21 @@ class TargetBinding:
 
 
 class Router:
+    """``security``: TLS and bearer tokens on the public port (none by default; the calls to the
+    workers carry the worker secret of this process's environment either way)."""
+
     def __init__(
-        self, bindings: Sequence[TargetBinding], config: RouterConfig | None = None, metrics: Metrics | None = None
+        self,
+        bindings: Sequence[TargetBinding],
+        config: RouterConfig | None = None,
+        metrics: Metrics | None = None,
+        security: SecurityConfig | None = None,
     ):
         if not bindings:
             raise ValueError("the router needs at least one target worker")
         self.bindings = list(bindings)
         self.config = config or RouterConfig()
+        self.security = security or SecurityConfig()
         self.metrics = metrics or Metrics()
         self.schedulers: list[TargetScheduler] = []
         self.targets: list[WorkerClient] = []
@@ -110,11 +120,15 @@ class Router:
             sched.start()
             self.schedulers.append(sched)
         servicer = GenerationService(self)
+        limiter = ClientLimiter(cfg.max_inflight_per_client, servicer.limited)
         self.server, self.port = await start_aio_server(
             [(generate_pb2_grpc.add_GenerationServicer_to_server, servicer, SERVICE_NAME)],
             cfg.host,
             cfg.port,
             on_refused=servicer.refused,
+            options=cfg.connection_limits().server_options(),
+            interceptors=[*self.security.aio_interceptors(servicer.denied), limiter],
+            credentials=self.security.server_credentials(),
         )
         if cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
@@ -200,8 +214,13 @@ class Router:
 class RouterThread:
     """A :class:`Router` on its own event loop in a daemon thread (for synchronous callers)."""
 
-    def __init__(self, bindings: Sequence[TargetBinding], config: RouterConfig | None = None):
-        self.router = Router(bindings, config)
+    def __init__(
+        self,
+        bindings: Sequence[TargetBinding],
+        config: RouterConfig | None = None,
+        security: SecurityConfig | None = None,
+    ):
+        self.router = Router(bindings, config, security=security)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="specdec-router", daemon=True)
 

@@ -12,6 +12,12 @@ import logging
 import sys
 import time
 
+from specdec.cli.credentials import (
+    add_client_credential_args,
+    add_server_security_args,
+    client_credentials,
+    security_overrides,
+)
 from specdec.cli.exit_codes import FAILED, OK, USAGE
 from specdec.cli.log_format import LOG_FORMATS, set_log_format
 from specdec.core.dtypes import DTYPE_NAMES
@@ -33,6 +39,7 @@ def _load_serve_config(args: argparse.Namespace):
         port=args.port,
         metrics_port=args.metrics_port,
         address=args.address,
+        security=security_overrides(args),
     )
 
 
@@ -58,6 +65,9 @@ def _serve(args: argparse.Namespace) -> int:
     except (OSError, ConnectionError) as exc:  # the port is taken; no Ray cluster at --address
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
+    except ValueError as exc:  # a security file without tokens, a bad certificate
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -90,6 +100,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="log lines as text or JSON objects (the access log, logger specdec.access, gives its fields)",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    add_server_security_args(p)
     p.set_defaults(func=_serve)
 
 
@@ -192,7 +203,7 @@ def _bench_mixed(args: argparse.Namespace, prompts) -> int:
 
     servers = _servers(args.server)
     try:
-        info = bs.server_info(next(iter(servers.values())))
+        info = bs.server_info(next(iter(servers.values())), args.credentials)
     except (ConnectionError, bs.BenchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
@@ -214,6 +225,7 @@ def _bench_mixed(args: argparse.Namespace, prompts) -> int:
         lambda p: encode_prompt(tokenizer, p),
         options,
         progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+        credentials=args.credentials,
     )
     result["server"] = info
     print(format_mixed(result))
@@ -230,7 +242,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
     try:
         prompts = load_prompts(args.prompts)
-    except PromptSetError as exc:
+        args.credentials = client_credentials(args)
+    except (PromptSetError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
     if args.workload == "mixed":
@@ -253,7 +266,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
     engine = encode = None
     try:
-        info = bs.server_info(args.server)
+        info = bs.server_info(args.server, args.credentials)
         if args.engine:
             progress(f"loading the single-process engine ({args.engine_target or info['target']}) in this process")
             engine = _EngineRunner(args, info)
@@ -269,7 +282,9 @@ def _bench_serve(args: argparse.Namespace) -> int:
                 return encode_prompt(tokenizer, prompt)
         else:
             progress("the target's tokenizer is not available here: sending prompt text (the server tokenizes)")
-        result = bs.bench_serve(args.server, prompts, options, progress=progress, engine=engine, encode=encode)
+        result = bs.bench_serve(
+            args.server, prompts, options, progress=progress, engine=engine, encode=encode, credentials=args.credentials
+        )
     except (ConnectionError, bs.BenchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
@@ -366,6 +381,7 @@ def _add_bench_serve_parser(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--k-max", type=int, default=12)
     p.add_argument("--fixed-k", action="store_true", help="engine: fixed k instead of adaptive")
     p.add_argument("--json", default=None, metavar="OUT", help="write the full result here")
+    add_client_credential_args(p)
     p.set_defaults(func=_bench_serve)
 
 

@@ -49,6 +49,9 @@ class ConnectionLimits:
             ("grpc.max_send_message_length", int(self.max_message_bytes)),
             ("grpc.keepalive_time_ms", _ms(self.keepalive_time_s)),
             ("grpc.keepalive_timeout_ms", _ms(self.keepalive_timeout_s)),
+            # gRPC 1.85 drops a peer whose ping goes unanswered after this one; keepalive_timeout_ms
+            # alone left a stopped client connected (tests/unit/test_grpc_options.py shows both)
+            ("grpc.http2.ping_timeout_ms", _ms(self.keepalive_timeout_s)),
             # keep pinging while a stream is blocked (no data frames go out to a client that does not read)
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.keepalive_permit_without_calls", 1),
