@@ -140,7 +140,8 @@ class ServeConfig:
         has_draft = bool(draft_d) and str(draft_d.get("model", "")).lower() not in ("", "none", "off")
         for section in [d["target"]] + ([draft_d] if has_draft else []):
             # the workers refuse drafts longer than any the router asks for
-            section.setdefault("max_k", router.k_policy.k_max)
+            if section.get("max_k") is None:
+                section["max_k"] = router.k_policy.k_max
         target = PoolConfig.from_dict(d["target"], "target", pipelined)
         draft = PoolConfig.from_dict(draft_d, "draft", pipelined) if has_draft else None
         for role, pool in (("target", target), ("draft", draft)):

@@ -25,13 +25,25 @@ Series:
   late (``deadline``) or its worker unavailable (``unavailable``).
 * ``specdec_predraft_total{result}``: pre-drafts used (``hit``) or discarded (``miss``).
 * ``specdec_worker_up{role,worker}`` (gauge), ``specdec_worker_restarts_total{role}``.
+* ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
+  polled every few seconds by router.worker_stats): a leak shows as a count that stays low when idle.
+* ``specdec_process_*``: the router process's resident memory, CPU time and open file descriptors
+  (prometheus_client's process collector).
 """
 
 from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+    start_http_server,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +148,10 @@ class Metrics:
         self.worker_restarts = Counter(
             "specdec_worker_restarts", "Workers that came back on a new address", ["role"], registry=r
         )
+        self.worker_free_slots = Gauge(
+            "specdec_worker_free_slots", "KV-cache slots a worker reports free", ["role", "worker"], registry=r
+        )
+        ProcessCollector(namespace="specdec", registry=r)
         self._drafted_n = 0
         self._accepted_n = 0
         self._server = None

@@ -28,6 +28,7 @@ from router.metrics import Metrics
 from router.retry import worker_recovery_estimate
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
+from router.worker_stats import poll_free_slots
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
 from specdec.rpc import generate_pb2, generate_pb2_grpc
 from specdec.rpc.api_security import SecurityConfig
@@ -78,6 +79,7 @@ class Router:
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self._slots_task: asyncio.Task | None = None
         self._detoks: dict[Path, Detokenizer] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -130,6 +132,9 @@ class Router:
             interceptors=[*self.security.aio_interceptors(servicer.denied), limiter],
             credentials=self.security.server_credentials(),
         )
+        self._slots_task = asyncio.get_running_loop().create_task(
+            poll_free_slots(lambda: self.targets + [d for d in self.drafts if d is not None], self.metrics)
+        )
         if cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
         log.info(
@@ -145,6 +150,8 @@ class Router:
         if self.server is not None:
             await announce_aio_shutdown(self.server)  # flip health first: balancers stop sending
         await asyncio.gather(*(s.close(grace) for s in self.schedulers))
+        if self._slots_task is not None:
+            self._slots_task.cancel()
         if self.server is not None:
             await self.server.stop(1.0)
         for w in self.targets + [d for d in self.drafts if d is not None]:

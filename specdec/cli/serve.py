@@ -248,6 +248,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
         return USAGE
     if args.workload == "mixed":
         return _bench_mixed(args, prompts)
+    if args.workload == "soak":
+        from specdec.cli.bench_soak import bench_soak
+
+        return bench_soak(args, prompts, next(iter(_servers(args.server).values())), _local_tokenizer)
     args.server = next(iter(_servers(args.server).values()))
     options = bs.BenchOptions(
         max_tokens=args.max_tokens,
@@ -323,10 +327,14 @@ def _add_bench_serve_parser(bsub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--workload",
-        choices=["standard", "mixed"],
+        choices=["standard", "mixed", "soak"],
         default="standard",
-        help="standard: closed loop and Poisson scenarios; mixed: a burst of long prompts among short streams",
+        help="standard: closed loop and Poisson scenarios; mixed: a burst of long prompts among short streams; "
+        "soak: minutes of mixed load with cancels and deadlines, memory and KV slots over time",
     )
+    p.add_argument("--soak-minutes", type=float, default=5.0, help="soak: how long")
+    p.add_argument("--clients", type=int, default=4, help="soak: concurrent clients")
+    p.add_argument("--sample-s", type=float, default=15.0, help="soak: seconds between samples")
     p.add_argument("--streams", type=int, default=1, help="mixed: concurrent short streams")
     p.add_argument("--long-prompts", type=int, default=4, help="mixed: long prompts in the burst")
     p.add_argument("--long-tokens", type=int, default=3000, help="mixed: tokens per long prompt")

@@ -18,7 +18,7 @@ from specdec.core.dtypes import DTYPE_NAMES
 from specdec.rpc.grpc_options import ConnectionLimits
 from specdec.rpc.server import Registration, hostport, serve_until_signal, set_serving, start_server, stop_server
 from specdec.rpc.worker_config import WorkerConfig
-from specdec.rpc.worker_secret import SECRET_FILE_ENV, actor_env, require_secret, worker_interceptor
+from specdec.rpc.worker_secret import SECRET_FILE_ENV, require_secret, worker_interceptor
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,6 @@ def actor_options(
     "num_cpus": N, "memory": bytes, "scheduling_strategy": ..., "runtime_env": {...}}``, all
     optional. None means ``{"resources": default_resources}`` (custom resources such as
     ``{"target_gpu": 1}`` on CPU clusters); GPU clusters give ``num_gpus`` and ``accelerator_type``.
-    The worker secret of this process (:mod:`specdec.rpc.worker_secret`) is added to the
-    ``runtime_env``'s env_vars: the worker requires it on every call, the router sends it.
     """
     placement = dict(placement) if placement is not None else {"resources": dict(default_resources)}
     allowed = {"resources", "num_gpus", "accelerator_type", "num_cpus", "memory", "scheduling_strategy", "runtime_env"}
@@ -63,12 +61,9 @@ def actor_options(
     }
     if placement.get("resources"):
         opts["resources"] = dict(placement["resources"])
-    for key in ("num_gpus", "accelerator_type", "memory", "scheduling_strategy"):
+    for key in ("num_gpus", "accelerator_type", "memory", "scheduling_strategy", "runtime_env"):
         if placement.get(key) is not None:
             opts[key] = placement[key]
-    runtime_env = actor_env(placement.get("runtime_env"))
-    if runtime_env is not None:
-        opts["runtime_env"] = runtime_env
     if name is not None:
         opts["name"] = name
     return opts
@@ -158,12 +153,19 @@ class WorkerHost:
     """A servicer served on its own gRPC server: what the worker actors and entry points share.
 
     ``info_source`` is the servicer (its ``info_dict()`` describes the model and capacity).
+    ``secret``: what every call but health must carry (:mod:`specdec.rpc.worker_secret`; the actors
+    get it as a constructor argument); None: the one in this process's environment.
     """
 
     role = "worker"
 
     def __init__(
-        self, config: WorkerConfig, register: Sequence[Registration], info_source: Any, node_ip: str | None = None
+        self,
+        config: WorkerConfig,
+        register: Sequence[Registration],
+        info_source: Any,
+        node_ip: str | None = None,
+        secret: str | None = None,
     ):
         self.config = config
         self.info_source = info_source
@@ -175,7 +177,7 @@ class WorkerHost:
             port=config.port,
             max_workers=config.grpc_threads,
             options=worker_limits(config).server_options(),
-            interceptors=[worker_interceptor(require_secret())],
+            interceptors=[worker_interceptor(secret or require_secret())],
         )
         self.host = advertised_host(config, node_ip)
         self.started_at = time.time()

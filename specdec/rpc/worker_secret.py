@@ -3,9 +3,10 @@ worker requires on every call but health (``x-specdec-internal``, :mod:`specdec.
 
 Where it lives: the ``SPECDEC_WORKER_SECRET`` environment variable of the router's process (or a
 file named by ``SPECDEC_WORKER_SECRET_FILE``). ``specdec serve`` makes one per start unless
-``security.worker_secret_file`` names one (:func:`ensure_secret`); the worker actors get it through
-their Ray ``runtime_env`` (:func:`actor_env`: it reaches actors on other nodes too), never through
-a log line or a command line. A worker started without one refuses to start.
+``security.worker_secret_file`` names one (:func:`ensure_secret`); the worker actors get it as a
+constructor argument (it reaches actors on other nodes too; not in their ``runtime_env``, whose
+env_vars Ray writes to its runtime_env_agent.log), never through a log line or a command line. A
+worker started without one refuses to start.
 
 Health stays open on the workers (:data:`WORKER_EXEMPT`): it says SERVING or not, nothing more,
 and probes (Ray, Kubernetes, grpcurl by hand) need no secret for it.
@@ -38,7 +39,6 @@ __all__ = [
     "current_secret",
     "ensure_secret",
     "require_secret",
-    "actor_env",
     "worker_interceptor",
     "aio_client_interceptors",
     "worker_channel",
@@ -92,16 +92,6 @@ def require_secret() -> str:
     if len(secret) < 16:
         raise MissingSecret(f"{SECRET_ENV}: the secret must be at least 16 characters")
     return secret
-
-
-def actor_env(runtime_env: dict | None) -> dict | None:
-    """``runtime_env`` with the secret of this process added to its env_vars (unchanged without one)."""
-    secret = current_secret()
-    if not secret:
-        return runtime_env
-    env = dict(runtime_env or {})
-    env["env_vars"] = {**(env.get("env_vars") or {}), SECRET_ENV: secret}
-    return env
 
 
 def worker_interceptor(secret: str) -> grpc.ServerInterceptor:
