@@ -82,17 +82,7 @@ def _default_resources(cfg: ServeConfig) -> dict[str, float]:
     return res
 
 
-def start_ray(cfg: ServeConfig) -> bool:
-    """Start an embedded local cluster or join ``cfg.ray.address``; True if we started one."""
-    import ray
-
-    rc = cfg.ray
-    if ray.is_initialized():
-        return False
-    if rc.address:
-        log.info("joining the Ray cluster at %s", rc.address)
-        ray.init(address=rc.address, namespace=rc.namespace)
-        return False
+def _embedded_auth() -> None:
     # A private cluster: Ray's own token auth on (a fresh token per start unless one is given), on
     # the loopback address. RAY_AUTH_MODE=disabled in the environment turns the auth off.
     if os.environ.setdefault("RAY_AUTH_MODE", "token") == "token":
@@ -101,6 +91,21 @@ def start_ray(cfg: ServeConfig) -> bool:
         log.warning(
             "RAY_AUTH_MODE=%s: the embedded Ray cluster accepts unauthenticated calls", os.environ["RAY_AUTH_MODE"]
         )
+
+
+def start_ray(cfg: ServeConfig) -> bool:
+    """Start an embedded local cluster or join ``cfg.ray.address``; True if we started one."""
+    rc = cfg.ray
+    if not rc.address:
+        _embedded_auth()  # before Ray is imported: it reads RAY_AUTH_MODE once, as it loads
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if rc.address:
+        log.info("joining the Ray cluster at %s", rc.address)
+        ray.init(address=rc.address, namespace=rc.namespace)
+        return False
     workers = cfg.target.replicas + (cfg.draft.replicas if cfg.draft else 0)
     num_cpus = rc.num_cpus or max(os.cpu_count() or 1, workers)
     resources = dict(rc.resources) if rc.resources else _default_resources(cfg)

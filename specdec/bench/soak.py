@@ -178,11 +178,11 @@ def soak(
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(options.clients)]
     for t in threads:
         t.start()
-    while any(t.is_alive() for t in threads):
-        time.sleep(min(options.sample_s, max(0.1, t_end - time.monotonic())))
+    while time.monotonic() < t_end:
+        time.sleep(max(0.0, min(options.sample_s, t_end - time.monotonic())))
         samples.append(_sample(t0, metrics_url, procs, load.done))
         progress(f"{samples[-1]['t_s']:.0f} s: {load.done} requests, RSS MiB {samples[-1]['rss_mb']}")
-    for t in threads:
+    for t in threads:  # the requests in flight finish
         t.join()
     # idle again: the workers report their slots every few seconds (router.worker_stats.PERIOD_S)
     time.sleep(12.0)
