@@ -83,23 +83,25 @@ def _default_resources(cfg: ServeConfig) -> dict[str, float]:
 
 def start_ray(cfg: ServeConfig) -> bool:
     """Start an embedded local cluster or join ``cfg.ray.address``; True if we started one."""
+    rc = cfg.ray
+    if not rc.address:
+        # A private cluster: Ray's own token auth on (a fresh token per start unless one is given), on
+        # the loopback address; RAY_AUTH_MODE=disabled in the environment turns the auth off. Set
+        # before Ray is imported: Ray reads the mode once, at import.
+        if os.environ.setdefault("RAY_AUTH_MODE", "token") == "token":
+            os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        else:
+            log.warning(
+                "RAY_AUTH_MODE=%s: the embedded Ray cluster accepts unauthenticated calls", os.environ["RAY_AUTH_MODE"]
+            )
     import ray
 
-    rc = cfg.ray
     if ray.is_initialized():
         return False
     if rc.address:
         log.info("joining the Ray cluster at %s", rc.address)
         ray.init(address=rc.address, namespace=rc.namespace)
         return False
-    # A private cluster: Ray's own token auth on (a fresh token per start unless one is given), on
-    # the loopback address. RAY_AUTH_MODE=disabled in the environment turns the auth off.
-    if os.environ.setdefault("RAY_AUTH_MODE", "token") == "token":
-        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-    else:
-        log.warning(
-            "RAY_AUTH_MODE=%s: the embedded Ray cluster accepts unauthenticated calls", os.environ["RAY_AUTH_MODE"]
-        )
     workers = cfg.target.replicas + (cfg.draft.replicas if cfg.draft else 0)
     num_cpus = rc.num_cpus or max(os.cpu_count() or 1, workers)
     resources = dict(rc.resources) if rc.resources else _default_resources(cfg)
