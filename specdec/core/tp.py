@@ -30,7 +30,16 @@ log = logging.getLogger(__name__)
 LM_HEAD_MODES = ("split", "replicated")
 DEFAULT_LM_HEAD = "split"
 
-__all__ = ["TPError", "TPPlan", "LM_HEAD_MODES", "DEFAULT_LM_HEAD", "plan_shard", "check_shardable", "shard_runner"]
+__all__ = [
+    "TPError",
+    "TPPlan",
+    "LM_HEAD_MODES",
+    "DEFAULT_LM_HEAD",
+    "plan_shard",
+    "check_shardable",
+    "check_model",
+    "shard_runner",
+]
 
 
 class TPError(ValueError):
@@ -74,6 +83,16 @@ def check_shardable(heads: int, kv_heads: int, mlp: int, world: int, model: str 
             f"{model} cannot be sharded over tensor_parallel={world} ranks: {'; '.join(problems)} "
             "(each rank keeps whole heads)"
         )
+
+
+def check_model(spec: str, world: int) -> None:
+    """:func:`check_shardable` for a model spec (reads its config only): fail before starting ranks."""
+    from specdec.core.models import load_config
+
+    config = load_config(spec)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    check_shardable(heads, kv_heads, config.intermediate_size, world, spec)
 
 
 def plan_shard(heads: int, kv_heads: int, mlp: int, rank: int, world: int, model: str = "the model") -> TPPlan:

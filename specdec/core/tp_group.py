@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from specdec.core.lockstep import LeaderRunner, follow
 from specdec.core.runner import ModelRunner
-from specdec.core.tp import DEFAULT_LM_HEAD, shard_runner
+from specdec.core.tp import DEFAULT_LM_HEAD, check_shardable, shard_runner
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,8 @@ class LocalGroup:
         self.leader: LeaderRunner | None = None
 
     def start(self, runner: ModelRunner) -> LeaderRunner:
+        mlp = runner.layers[0].gate.shape[0]
+        check_shardable(runner.num_heads, runner.num_kv_heads, mlp, self.spec.world, self.spec.model)
         master = f"127.0.0.1:{free_port()}"
         for rank in range(1, self.spec.world):
             cmd, env = _follower_command(rank, self.spec, master, self.threads)
