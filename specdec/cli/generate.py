@@ -155,7 +155,13 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     else:
-        out = _run_local(args)
+        from specdec.core.tp import TPError
+
+        try:
+            out = _run_local(args)
+        except TPError as exc:  # --tp that the model's heads do not allow
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps(out))
     else:
