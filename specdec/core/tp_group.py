@@ -32,7 +32,16 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 60.0
 JOIN_TIMEOUT_S = 600.0
 
-__all__ = ["DEFAULT_TIMEOUT_S", "GroupSpec", "LocalGroup", "free_port", "init_group", "shard_and_lead", "split_threads"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "GroupSpec",
+    "LocalGroup",
+    "free_port",
+    "init_group",
+    "local_device",
+    "shard_and_lead",
+    "split_threads",
+]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -61,10 +70,10 @@ def init_group(
 
     Ranks load their weights at different speeds, so joining may take `join_timeout_s`; once
     joined, a collective that waits longer than `timeout_s` fails (a dead or hung rank)."""
-    cuda = torch.device(device).type == "cuda"
-    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
-    if cuda:
-        torch.cuda.set_device(torch.device(device))
+    dev = torch.device(device)
+    backend = "cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo"
+    if dev.type == "cuda" and dev.index is not None:
+        torch.cuda.set_device(dev)
     host, port = master.rsplit(":", 1)
     store = dist.TCPStore(
         host.strip("[]"),
@@ -105,14 +114,20 @@ def shard_and_lead(runner: ModelRunner, rank: int, spec: GroupSpec) -> LeaderRun
     return runner
 
 
+def local_device(device: str, rank: int) -> str:
+    """Rank `rank`'s device in a local group: GPU r for a bare "cuda" (one GPU per rank)."""
+    return f"cuda:{rank}" if device == "cuda" else device
+
+
 def _follower_main(rank: int, spec: GroupSpec, master: str, threads: int) -> None:
     from specdec.core.models import load_model
 
     torch.set_num_threads(threads)
-    loaded = load_model(spec.model, dtype=spec.dtype, device=spec.device)
+    device = local_device(spec.device, rank)
+    loaded = load_model(spec.model, dtype=spec.dtype, device=device)
     runner = spec.build_runner(loaded.model)
     del loaded
-    init_group(rank, spec.world, master, spec.device, spec.timeout_s)
+    init_group(rank, spec.world, master, device, spec.timeout_s)
     shard_and_lead(runner, rank, spec)
     try:
         follow(runner)
@@ -154,7 +169,7 @@ class LocalGroup:
             cmd, env = _follower_command(rank, self.spec, master, self.threads)
             self.procs.append(subprocess.Popen(cmd, env=env))
         try:
-            init_group(0, self.spec.world, master, self.spec.device, self.spec.timeout_s)
+            init_group(0, self.spec.world, master, local_device(self.spec.device, 0), self.spec.timeout_s)
             leader = shard_and_lead(runner, 0, self.spec)
         except BaseException:
             self._reap()
