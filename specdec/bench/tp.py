@@ -5,7 +5,9 @@ This process runs the TP 1 runner with every thread, and is rank 0 of a local gr
 them. Blocks of TP 1 and TP N steps alternate, so a change in the machine's load hits both. Each
 lm_head mode (split by vocabulary with a gather, or replicated) gets its own group. Rank 0 times
 its all-reduces and its gather: their share of the step is what tensor parallelism costs on top
-of the split matmuls (waiting for a slower rank counts in it too).
+of the split matmuls (waiting for a slower rank counts in it too). CPU seconds per step (rank 0's,
+and the other ranks' from /proc) are reported beside the wall times: on a shared machine a
+descheduled rank inflates the wall time and the all-reduce wait, but not the work.
 """
 
 from __future__ import annotations
@@ -29,17 +31,30 @@ __all__ = ["bench_tp", "format_tp_table"]
 
 
 class _Timed:
-    """Wraps a runner hook and adds up the seconds spent in it."""
+    """Wraps a runner hook and adds up the seconds (wall, and this thread's CPU) spent in it."""
 
     def __init__(self, fn: Callable):
-        self.fn, self.seconds = fn, 0.0
+        self.fn, self.seconds, self.cpu = fn, 0.0, 0.0
 
     def __call__(self, x):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self.fn(x)
         finally:
             self.seconds += time.perf_counter() - t0
+            self.cpu += time.thread_time() - c0
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds used so far by the processes `pids` (Linux /proc; 0 where it cannot be read)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 @dataclass
@@ -68,16 +83,28 @@ class _Case:
             self.runner.free_slot(s)
 
 
-def _block(case: _Case, threads: int, n: int, hooks: list[_Timed]) -> tuple[list[float], list[float]]:
-    """`n` timed steps after one warm-up: (step seconds, hook seconds) per step."""
+@dataclass
+class _Block:
+    steps: list[float]  # wall seconds per step
+    comm: list[float]  # wall seconds in the all-reduces and the gather, per step
+    cpu: float  # rank 0's CPU seconds per step
+    others_cpu: float  # the other ranks' CPU seconds per step, together
+    comm_cpu: float  # rank 0's CPU seconds in the all-reduces and the gather, per step
+
+
+def _block(case: _Case, threads: int, n: int, hooks: list[_Timed], pids: list[int]) -> _Block:
+    """`n` timed steps after one warm-up. The CPU figures do not count time a rank spent
+    descheduled, so on a loaded machine they still say how much work a step is."""
     torch.set_num_threads(threads)
     case.step()
     steps, comm = [], []
+    cpu0, others0, comm_cpu0 = time.process_time(), _cpu_seconds(pids), sum(h.cpu for h in hooks)
     for _ in range(n):
         before = sum(h.seconds for h in hooks)
         steps.append(case.step())
         comm.append(sum(h.seconds for h in hooks) - before)
-    return steps, comm
+    cpu, others = (time.process_time() - cpu0) / n, (_cpu_seconds(pids) - others0) / n
+    return _Block(steps, comm, cpu, others, (sum(h.cpu for h in hooks) - comm_cpu0) / n)
 
 
 def bench_tp(
@@ -113,16 +140,21 @@ def bench_tp(
             for name, batch, new in CASES:
                 progress(f"{name} (lm_head {mode})")
                 one, many = _Case.open(single, batch, context, new), _Case.open(leader, batch, context, new)
-                t1, tn, comm = [], [], []
+                pids = [p.pid for p in group.procs]
+                ones, manys = [], []
                 for _ in range(2):  # ABAB: both see the same load
-                    t1 += _block(one, total, half, [])[0]
-                    steps, c = _block(many, per_rank, half, hooks)
-                    tn += steps
-                    comm += c
+                    ones.append(_block(one, total, half, [], []))
+                    manys.append(_block(many, per_rank, half, hooks, pids))
                 one.close()
                 many.close()
+                t1 = [s for b in ones for s in b.steps]
+                tn = [s for b in manys for s in b.steps]
+                comm = [c for b in manys for c in b.comm]
                 tp1, tpn = statistics.median(t1) * 1e3, statistics.median(tn) * 1e3
-                share = statistics.median(c / s for c, s in zip(comm, tn))
+                cpu1 = statistics.mean(b.cpu for b in ones) * 1e3
+                cpun = statistics.mean(b.cpu for b in manys) * 1e3
+                others = statistics.mean(b.others_cpu for b in manys) * 1e3 / max(1, tp - 1)
+                comm_cpu = statistics.mean(b.comm_cpu for b in manys) * 1e3
                 cases.append(
                     {
                         "name": name,
@@ -130,12 +162,16 @@ def bench_tp(
                         "tpn_ms": round(tpn, 2),
                         "ratio": round(tpn / tp1, 3),
                         "comm_ms": round(statistics.median(comm) * 1e3, 2),
-                        "comm_share": round(share, 3),
+                        "comm_share": round(statistics.median(c / s for c, s in zip(comm, tn)), 3),
+                        "tp1_cpu_ms": round(cpu1, 2),
+                        "tpn_cpu_ms": round(cpun, 2),  # rank 0
+                        "tpn_other_cpu_ms": round(others, 2),  # each other rank, on average
+                        "comm_cpu_ms": round(comm_cpu, 2),  # rank 0
                     }
                 )
         modes.append({"lm_head": mode, "cases": cases})
     torch.set_num_threads(total)
-    best = min(modes, key=lambda m: sum(c["tpn_ms"] for c in m["cases"]))["lm_head"]
+    best = min(modes, key=lambda m: sum(c["tpn_ms"] for c in m["cases"]))["lm_head"]  # wall time decides
     return {
         "model": model_spec,
         "dtype": dtype,
@@ -156,13 +192,16 @@ def format_tp_table(result: dict) -> str:
         f"{result['model']} ({result['dtype']}, context {result['context_len']}, TP 1 x {result['threads_total']} "
         f"threads vs TP {tp} x {result['threads_per_rank']}, median of {result['repeat']}, "
         f"load avg {result['load_avg']})",
-        f"{'lm_head':<11}{'case':<22}{'TP1 ms':>9}{f'TP{tp} ms':>9}{'ratio':>8}{'comm ms':>9}{'comm share':>12}",
+        f"{'':<33}{'wall':-^43}  {'CPU per rank':-^33}",
+        f"{'lm_head':<11}{'case':<22}{'TP1 ms':>9}{f'TP{tp} ms':>9}{'ratio':>8}{'comm ms':>9}{'share':>8}"
+        f"  {'TP1 ms':>8}{'rank 0':>8}{'others':>8}{'comm':>8}",
     ]
     for m in result["modes"]:
         for c in m["cases"]:
             lines.append(
                 f"{m['lm_head']:<11}{c['name']:<22}{c['tp1_ms']:>9.1f}{c['tpn_ms']:>9.1f}{c['ratio']:>7.2f}x"
-                f"{c['comm_ms']:>9.1f}{c['comm_share']:>11.0%}"
+                f"{c['comm_ms']:>9.1f}{c['comm_share']:>8.0%}  {c['tp1_cpu_ms']:>8.1f}{c['tpn_cpu_ms']:>8.1f}"
+                f"{c['tpn_other_cpu_ms']:>8.1f}{c['comm_cpu_ms']:>8.1f}"
             )
     lines.append(f"faster lm_head: {result['faster_lm_head']}")
     return "\n".join(lines)
