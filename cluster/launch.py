@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.config import PoolConfig, ServeConfig
+from cluster.placement import check_tensor_parallel, embedded_node
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +71,6 @@ def check_models(cfg: ServeConfig) -> None:
         packs.resolve_pack(cfg.target.tokenizer)
 
 
-def _default_resources(cfg: ServeConfig) -> dict[str, float]:
-    res: dict[str, float] = {}
-    for pool, default_key in ((cfg.target, "target_gpu"), (cfg.draft, "draft_gpu")):
-        if pool is None:
-            continue
-        wanted = (pool.placement or {}).get("resources") or {default_key: 1}
-        for key, amount in wanted.items():
-            res[key] = res.get(key, 0) + float(amount) * pool.replicas
-    return res
-
-
 def start_ray(cfg: ServeConfig) -> bool:
     """Start an embedded local cluster or join ``cfg.ray.address``; True if we started one."""
     rc = cfg.ray
@@ -102,9 +92,7 @@ def start_ray(cfg: ServeConfig) -> bool:
         log.info("joining the Ray cluster at %s", rc.address)
         ray.init(address=rc.address, namespace=rc.namespace)
         return False
-    workers = cfg.target.replicas + (cfg.draft.replicas if cfg.draft else 0)
-    num_cpus = rc.num_cpus or max(os.cpu_count() or 1, workers)
-    resources = dict(rc.resources) if rc.resources else _default_resources(cfg)
+    num_cpus, resources = embedded_node(cfg)
     log.info("starting an embedded Ray cluster: %d logical CPUs, resources %s", num_cpus, resources)
     system = {"worker_niceness": rc.worker_niceness} if rc.worker_niceness is not None else None
     ray.init(
@@ -120,11 +108,30 @@ def start_ray(cfg: ServeConfig) -> bool:
 
 
 def _spawn(pool: PoolConfig, role: str) -> list:
+    if role == "target" and pool.tensor_parallel > 1:
+        from target_worker.group import spawn_target_group
+
+        return [
+            spawn_target_group(pool.worker.to_dict(), pool.tensor_parallel, pool.placement, timeout_s=pool.tp_timeout_s)
+            for _ in range(pool.replicas)
+        ]
     if role == "target":
         from target_worker.actor import spawn_target_worker as spawn
     else:
         from draft_worker.actor import spawn_draft_worker as spawn
     return [spawn(pool.worker.to_dict(), pool.placement) for _ in range(pool.replicas)]
+
+
+def _known_nodes(cfg: ServeConfig) -> list[dict[str, float]] | None:
+    """Total resources per node: the running cluster's, the embedded one's to be, or None (not joined yet)."""
+    import ray
+
+    if ray.is_initialized():
+        return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    if cfg.ray.address is None:
+        num_cpus, resources = embedded_node(cfg)
+        return [{"CPU": float(num_cpus), "memory": float("inf"), **resources}]
+    return None
 
 
 def _wait_ready(handles: list, role: str, timeout: float) -> list[str]:
@@ -148,9 +155,13 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
     from router.workers import ActorEndpoint
 
     check_models(cfg)
+    nodes = _known_nodes(cfg)
+    check_tensor_parallel(cfg, nodes)  # bad values fail here, before Ray or any worker starts
     started = start_ray(cfg)
     dep = Deployment(config=cfg, router=None, started_ray=started)
     try:
+        if nodes is None:  # joined a cluster: now its nodes are known
+            check_tensor_parallel(cfg, _known_nodes(cfg))
         t0 = time.monotonic()
         dep.targets = _spawn(cfg.target, "target")
         dep.drafts = _spawn(cfg.draft, "draft") if cfg.draft else []

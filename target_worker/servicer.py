@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 
-__all__ = ["SERVICE_NAME", "TargetServicer", "build_target_servicer"]
+__all__ = ["SERVICE_NAME", "TargetServicer", "build_target_servicer", "target_servicer"]
 
 
 def _unique_ids(ids: Iterable[str], field: str) -> None:
@@ -170,6 +170,11 @@ def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:
         torch.set_num_threads(cfg.threads)
     loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     runner = ModelRunner(loaded.model, num_slots=cfg.num_slots, max_len=cfg.max_len)
+    return target_servicer(cfg, loaded, runner)
+
+
+def target_servicer(cfg: WorkerConfig, loaded, runner) -> TargetServicer:
+    """A TargetServicer over ``runner`` (a ModelRunner, or a tensor-parallel group's leader)."""
     log.info(
         "target worker: %s (%s, %s), %d slots x %d tokens",
         cfg.model,

@@ -33,6 +33,7 @@ def _load_serve_config(args: argparse.Namespace):
         port=args.port,
         metrics_port=args.metrics_port,
         address=args.address,
+        tensor_parallel=args.tp,
     )
 
 
@@ -52,6 +53,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         return serve(cfg)
+    except ValueError as exc:  # the config cannot work (e.g. tensor_parallel vs the model's heads)
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE
     except RuntimeError as exc:  # a worker failed to start: say why, no stack trace
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
@@ -88,6 +92,13 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         default="text",
         choices=LOG_FORMATS,
         help="log lines as text or JSON objects (the access log, logger specdec.access, gives its fields)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="target.tensor_parallel: ranks per target worker (whole heads each; one node)",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=_serve)

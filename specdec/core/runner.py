@@ -6,9 +6,10 @@ multi-token verify for a ragged batch in one forward. The KV cache is allocated 
 `num_slots` x `max_len` tokens; a request owns a slot, and rolling back rejected tokens only
 rewinds the slot's length.
 
-Tensor parallelism is meant to be a transform on this runner: it would shard the per-layer weights
-(q/k/v/gate/up by output rows, o/down by input columns), divide the head counts, and set
-`all_reduce` to sum the partial outputs of o_proj and down_proj across ranks.
+Tensor parallelism is a transform on this runner (specdec/core/tp.py): it shards the per-layer
+weights (q/k/v/gate/up by output rows, o/down by input columns), divides the head counts, and sets
+the hooks `all_reduce` (sums the partial outputs of o_proj and down_proj across ranks) and
+`gather_logits` (joins the vocabulary slices of a split lm_head).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ class ModelRunner:
         self.num_kv_heads = config.num_key_value_heads
         self.eps = config.rms_norm_eps
         self.all_reduce = all_reduce
+        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
 
         base = model.model
         self.embed = base.embed_tokens.weight.detach()
@@ -292,7 +294,10 @@ class ModelRunner:
         if not rows:
             return [x.new_empty(0, self.vocab_size, dtype=torch.float32) for _ in range(batch)]
         picked = torch.cat([x[b, lo:hi] for b, lo, hi in rows])
-        logits = linear(self._rms(picked, self.final_norm), self.lm_head).float()
+        logits = linear(self._rms(picked, self.final_norm), self.lm_head)
+        if self.gather_logits is not None:
+            logits = self.gather_logits(logits)
+        logits = logits.float()
         if self.vocab_ids is not None:
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
             full[:, self.vocab_ids] = logits

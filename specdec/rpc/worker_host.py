@@ -20,7 +20,15 @@ from specdec.rpc.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WorkerHost", "actor_options", "add_worker_args", "config_from_args", "advertised_host", "worker_main"]
+__all__ = [
+    "WorkerHost",
+    "actor_options",
+    "placement_bundle",
+    "add_worker_args",
+    "config_from_args",
+    "advertised_host",
+    "worker_main",
+]
 
 
 def actor_options(
@@ -56,6 +64,20 @@ def actor_options(
     if name is not None:
         opts["name"] = name
     return opts
+
+
+def placement_bundle(placement: dict | None, default_resources: dict[str, float]) -> dict[str, float]:
+    """The Ray placement-group bundle holding one actor placed by ``placement`` (see :func:`actor_options`)."""
+    opts = actor_options(placement, default_resources)
+    bundle: dict[str, float] = {"CPU": float(opts["num_cpus"])}
+    bundle.update({k: float(v) for k, v in opts.get("resources", {}).items()})
+    if opts.get("num_gpus"):
+        bundle["GPU"] = float(opts["num_gpus"])
+    if opts.get("accelerator_type"):
+        bundle[f"accelerator_type:{opts['accelerator_type']}"] = 0.001  # what Ray asks for it
+    if opts.get("memory"):
+        bundle["memory"] = float(opts["memory"])
+    return {k: v for k, v in bundle.items() if v > 0}
 
 
 def add_worker_args(parser: argparse.ArgumentParser, role: str) -> None:
