@@ -56,8 +56,9 @@ def make_draft_runner(draft: LoadedModel, num_slots: int, max_len: int,
     vocab = None
     if options.vocab and options.vocab < draft.model.config.vocab_size:
         vocab = frequency_ranked_vocab(draft.tokenizer, options.vocab)
+    # A draft's numbers may change (the target verifies): it takes the fast forward.
     return ModelRunner(draft.model, num_slots=num_slots, max_len=max_len,
-                       weight_quant=options.quant, vocab_subset=vocab)
+                       weight_quant=options.quant, vocab_subset=vocab, invariant_numerics=False)
 
 
 def model_drafter_on(runner: ModelRunner, options: DraftOptions | None = None) -> ModelDrafter:
