@@ -2,7 +2,7 @@
 rest of the forward, and what the runner's invariant forward costs against the fast one.
 
     python scripts/invariance.py ops [--threads N] [--device cpu|cuda]
-    python scripts/invariance.py cost --model smollm2-135m-instruct [--dtype bfloat16] [--threads N]
+    python scripts/invariance.py cost --model smollm2-135m-instruct|random:qwen2.5-1.5b [--dtype bfloat16] [--threads N]
 
 `ops` prints, per op and dtype, the largest |difference| of one row's result between a reference
 shape (a 1-row GEMM, a 1-query attention over exactly its keys) and other shapes of the same call.
@@ -91,19 +91,34 @@ def probe_ops(device: str) -> list[dict]:
     return rows
 
 
+def _load(model_spec: str, dtype: str):
+    """A model pack / hub id / folder, or `random:qwen2.5-1.5b` (random weights, that shape)."""
+    from specdec.models import load_model, parse_dtype
+
+    if not model_spec.startswith("random:"):
+        return load_model(model_spec, dtype=dtype).model
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    shapes = {"qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                   num_attention_heads=12, num_key_value_heads=2, vocab_size=151936)}
+    config = Qwen2Config(use_sliding_window=False, tie_word_embeddings=False, **shapes[model_spec.removeprefix("random:")])
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype)).eval()
+
+
 def time_cost(model_spec: str, dtype: str, context_len: int, repeat: int) -> dict:
-    from specdec.models import load_model
+    """Median per-call ms of both forwards and the median of the paired ratios (invariant / fast,
+    each pair run back to back), in wall and in CPU time (with one thread on a shared machine the
+    CPU time is the steadier)."""
     from specdec.runner import ModelRunner
 
-    model = load_model(model_spec, dtype=dtype).model
-    runner = ModelRunner(model, num_slots=8, max_len=context_len + 16)
+    runner = ModelRunner(_load(model_spec, dtype), num_slots=8, max_len=context_len + 16)
     context = list(range(100, 100 + context_len))
     slots = [runner.alloc_slot() for _ in range(8)]
     runner.forward(slots, [context] * 8, num_logits=0)
     cases = {"decode b=1": (1, 1), "decode b=8": (8, 1), "verify 6 tokens b=1": (1, 6), "verify 6 tokens b=8": (8, 6)}
     out = {}
     for name, (batch, new) in cases.items():
-        # wall and CPU seconds; with one thread on a shared machine the CPU time is the steadier one
         times: dict[tuple[bool, str], list[float]] = {(inv, clock): [] for inv in (False, True) for clock in ("wall", "cpu")}
         for i in range(repeat + 2):
             for invariant in (False, True):
@@ -114,10 +129,12 @@ def time_cost(model_spec: str, dtype: str, context_len: int, repeat: int) -> dic
                     times[invariant, "cpu"].append((time.process_time() - c0) * 1e3)
                 for s in slots[:batch]:
                     runner.rollback(s, context_len)
-        med = {key: statistics.median(v) for key, v in times.items()}
-        out[name] = {f"{clock}_ms fast/invariant": [round(med[False, clock], 2), round(med[True, clock], 2)]
-                     for clock in ("wall", "cpu")}
-        out[name].update({f"cost {clock}": round(med[True, clock] / med[False, clock] - 1, 3) for clock in ("wall", "cpu")})
+        row = {}
+        for clock in ("wall", "cpu"):
+            fast, inv = times[False, clock], times[True, clock]
+            row[f"{clock} ms fast, invariant"] = [round(statistics.median(fast), 2), round(statistics.median(inv), 2)]
+            row[f"{clock} cost"] = round(statistics.median(b / a for a, b in zip(fast, inv)) - 1, 3)
+        out[name] = row
     return out
 
 
@@ -137,7 +154,8 @@ def main() -> None:
         for row in probe_ops(args.device):
             print(f"{row['op']:10} {row['shape']:18} {row['dtype']:15} {row['case']:45} {row['diff']:.3g}")
     else:
-        print(json.dumps(time_cost(args.model, args.dtype, args.context, args.repeat), indent=1))
+        result = time_cost(args.model, args.dtype, args.context, args.repeat)
+        print(json.dumps(dict(model=args.model, dtype=args.dtype, context=args.context, threads=torch.get_num_threads(), cases=result), indent=1))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ attention with explicit reductions whose order is fixed by construction:
 
 * scores are one float32 GEMM per kv head (each a dot product over the head dim), the weighted
   sum of values a float32 GEMM per block of KEY_BLOCK keys, both over a multiple of MIN_GEMM_ROWS
-  query rows (see `gemm_rows`);
+  query rows (see `query_width`);
 * the softmax subtracts the exact maximum over the visible keys (a max is order-free);
 * the per-block partial sums are combined by a sequential scan over blocks in key order (cumsum),
   so the blocks past a query's own position add exact zeros and change nothing.
@@ -21,15 +21,18 @@ import math
 import torch
 
 KEY_BLOCK = 64
-# The CPU float32 GEMM (MKL) rounds a row one way when it sits in a block of 4 rows and another way
-# in a remainder of 1-3 rows; with several threads the blocks are split among them, so only an M
-# that is a multiple of 4 gives every row the same rounding (bench/NOTES.md). oneDNN's bf16 GEMM
-# only needs M >= 2. Every GEMM of the invariant forward runs over a multiple of this many rows.
-MIN_GEMM_ROWS = 4
+# A CPU GEMM rounds a row according to the block of rows it is computed in (bench/NOTES.md, "bf16
+# invariance"). float32 (MKL): a block of 4 rows one way, a remainder of 1-3 rows another; several
+# threads split the rows in blocks of 4, so only an M that is a multiple of 4 rounds every row the
+# same way. bf16 (oneDNN): M = 1 one way, every M >= 2 the other (measured with 1 to 16 threads).
+MIN_GEMM_ROWS = 4  # float32, and the attention (whose GEMMs are float32 whatever the model dtype)
+MIN_BF16_GEMM_ROWS = 2
 
 
-def gemm_rows(rows: int) -> int:
-    """`rows` rounded up to a multiple of MIN_GEMM_ROWS (at least one multiple)."""
+def gemm_rows(rows: int, dtype: torch.dtype) -> int:
+    """The rows to run a GEMM of `rows` rows over so that each row is rounded as in any other M."""
+    if dtype == torch.bfloat16:
+        return max(rows, MIN_BF16_GEMM_ROWS)
     return max(1, -(-rows // MIN_GEMM_ROWS)) * MIN_GEMM_ROWS
 
 

@@ -285,7 +285,7 @@ class ModelRunner:
             return [x.new_empty(0, self.vocab_size, dtype=torch.float32) for _ in batch.slots]
         h = x[torch.tensor(picked, device=self.device)]
         if invariant:
-            h = F.pad(h, (0, 0, 0, gemm_rows(len(picked)) - len(picked)))
+            h = F.pad(h, (0, 0, 0, gemm_rows(len(picked), self.dtype) - len(picked)))
         logits = linear(self._rms(h, self.final_norm), self.lm_head)[: len(picked)].float()
         if self.vocab_ids is not None:
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
@@ -343,7 +343,7 @@ class _Batch:
         return cls(
             slots=list(slots), starts=starts, lens=lens, num_logits=n_logits,
             offsets=[sum(lens[:b]) for b in range(batch)], width=width,
-            rows=gemm_rows(n) if invariant else n,
+            rows=gemm_rows(n, runner.dtype) if invariant else n,
             span=max(s + k for s, k in zip(starts, lens)),
             slot_t=torch.tensor(slots, dtype=torch.long, device=dev), lens_t=lens_t,
             positions=torch.tensor(starts, dtype=torch.long, device=dev)[:, None] + offsets[None, :],
