@@ -58,8 +58,14 @@ def make_draft_runner(
     vocab = None
     if options.vocab and options.vocab < draft.model.config.vocab_size:
         vocab = frequency_ranked_vocab(draft.tokenizer, options.vocab)
+    # A draft's numbers may change (the target verifies): it takes the fast forward.
     return ModelRunner(
-        draft.model, num_slots=num_slots, max_len=max_len, weight_quant=options.quant, vocab_subset=vocab
+        draft.model,
+        num_slots=num_slots,
+        max_len=max_len,
+        weight_quant=options.quant,
+        vocab_subset=vocab,
+        invariant_numerics=False,
     )
 
 
