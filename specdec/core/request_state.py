@@ -90,17 +90,25 @@ class CostMeter:
                 self._moments[i] += self.line_weight * (x - self._moments[i])
         return self.c
 
-    @property
-    def r(self) -> float:
+    def line(self) -> tuple[float, float] | None:
+        """(one-token verify seconds, seconds per extra verified token) through recent rounds; None
+        until rounds of different sizes have been seen (the rebalancer's goodput model uses it)."""
         w, n, t, nn, nt = self._moments
         if w <= 0:
-            return 0.0
+            return None
         n, t, nn, nt = n / w, t / w, nn / w, nt / w
         var = nn - n * n
         if var < 0.25:  # all rounds (nearly) the same size: no slope to see
-            return 0.0
+            return None
         slope = (nt - n * t) / var
-        one_token = t - slope * (n - 1.0)
+        return t - slope * (n - 1.0), slope
+
+    @property
+    def r(self) -> float:
+        fit = self.line()
+        if fit is None:
+            return 0.0
+        one_token, slope = fit
         return min(max(slope / one_token, 0.0), 1.0) if one_token > 0 else 0.0
 
     @property
@@ -144,11 +152,14 @@ class RequestState:
     def text(self) -> str:
         return self.stops.text
 
-    def next_k(self, max_context: int, cost_ratio: float | None = None) -> int:
-        """Draft length for the next round, bounded by what may still be emitted and by the context."""
+    def next_k(self, max_context: int, cost_ratio: float | None = None, k_range: tuple[int, int] | None = None) -> int:
+        """Draft length for the next round, bounded by what may still be emitted and by the context
+        (and, for an adaptive request, by ``k_range``: the rebalancer's depth level)."""
         if self.adaptive is not None and cost_ratio is not None:
             self.adaptive.c = cost_ratio
         k = self.adaptive.next_k() if self.adaptive is not None else self.fixed_k
+        if self.adaptive is not None and k_range is not None:
+            k = min(max(k, k_range[0]), k_range[1])
         remaining = self.params.max_tokens - len(self.generated) - 1  # the target adds one token itself
         return max(0, min(k, remaining, max_context - len(self.tokens)))
 

@@ -1,0 +1,140 @@
+"""The rebalancer's decisions for one target scheduler, applied: its depth level (from its device
+telemetry, every period) and the speculation switch of its AUTO requests (every round).
+
+The decisions themselves are the plain functions of :mod:`router.rebalance`; this class feeds them
+the scheduler's state and applies, logs and counts what they return. With ``rebalance.enabled``
+false it changes nothing (depth ``normal``, speculation by acceptance only).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from router.jobs import Job
+from router.rebalance import (
+    DepthPlan,
+    DepthState,
+    SpecJob,
+    TargetView,
+    VerifyCost,
+    depth_plan,
+    plan_depth,
+    plan_speculation,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TargetBalance", "LEVEL_VALUES"]
+
+LEVEL_VALUES = {"shallow": -1, "normal": 0, "deep": 1}
+
+
+class TargetBalance:
+    def __init__(self, sched: Any):  # a router.scheduler.TargetScheduler (not imported: no cycle)
+        self.s = sched
+        self.cfg = sched.cfg.rebalance
+        self.depth = DepthState()
+        self.wait_share = 0.0  # EWMA of the share of round time spent waiting for drafts
+
+    # ---- depth ---------------------------------------------------------------------------------
+    @property
+    def depth_plan(self) -> DepthPlan:
+        kp = self.s.cfg.k_policy
+        return depth_plan(self.depth.level if self.cfg.enabled else "normal", kp.k_min, kp.k_max, self.cfg)
+
+    @property
+    def predraft(self) -> bool:
+        plan = self.depth_plan
+        return self.s.cfg.predraft if plan.predraft is None else plan.predraft
+
+    def observe_round(self, draft_wait: float, round_s: float) -> None:
+        if round_s > 0:
+            self.wait_share += 0.2 * (draft_wait / round_s - self.wait_share)
+
+    def view(self) -> TargetView:
+        """The target as the policy sees it."""
+        s = self.s
+        tel = getattr(s.target, "telemetry", None)
+        return TargetView(
+            name=s.target.name,
+            up=s.target.up,
+            waiting=len(s.waiting),
+            running=len(s.running),
+            capacity=s.capacity,
+            load=tel.load if tel is not None else None,
+            saturation=tel.saturation if tel is not None else None,
+            draft_wait_share=self.wait_share,
+            level=self.depth.level,
+        )
+
+    def update_depth(self, now: float) -> None:
+        """One telemetry sample's depth decision (router/rebalancer.py calls it every period)."""
+        if not self.cfg.enabled:
+            return
+        v = self.view()
+        new = plan_depth(v, self.depth, now, self.cfg)
+        if new.level != self.depth.level:
+            m = self.s.metrics
+            m.rebalance_actions.labels(f"depth_{new.level}").inc()
+            m.depth_level.labels(v.name).set(LEVEL_VALUES[new.level])
+            log.info(
+                "depth_%s: target %s %s -> %s (load %s, saturation %s, draft wait %.0f%% of rounds)",
+                new.level,
+                v.name,
+                self.depth.level,
+                new.level,
+                v.load,
+                v.saturation,
+                100 * v.draft_wait_share,
+            )
+        self.depth = new
+
+    # ---- speculation on / off ------------------------------------------------------------------
+    def _acceptance(self, job: Job) -> float:
+        if job.state.adaptive is not None:
+            return job.state.adaptive.acceptance
+        m = self.s.metrics
+        return m._accepted_n / m._drafted_n if m._drafted_n else 0.6
+
+    def cost(self) -> VerifyCost | None:
+        """The measured round cost: the verify line through recent rounds, and the draft wait per
+        step (c x the recent verify time); None until rounds of different sizes were seen."""
+        fit = self.s.cost.line()
+        verify = self.s.drafting.verify_ema
+        if fit is None or fit[0] <= 0 or not verify:
+            return None
+        return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0), draft_step_s=self.s.cost.c * verify)
+
+    def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
+        """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
+        if not self.cfg.enabled or not batch:
+            return ks
+        now = time.monotonic()
+        jobs = [
+            SpecJob(
+                a=self._acceptance(j),
+                k=k,
+                auto=j.auto and j.spec != "off",
+                off=j.spec_off,
+                changed_at=j.spec_changed_at,
+                drafts_remote=j.spec == "draft",
+            )
+            for j, k in zip(batch, ks)
+        ]
+        flags = plan_speculation(jobs, self.cost(), now, self.cfg)
+        changed = [(j, off) for j, off in zip(batch, flags) if off != j.spec_off]
+        for j, off in changed:
+            j.spec_off, j.spec_changed_at = off, now
+            self.s.metrics.rebalance_actions.labels("spec_off" if off else "spec_on").inc()
+        if changed:
+            n_off = sum(off for _, off in changed)
+            log.info(
+                "speculation by goodput on %s: %d request(s) off, %d back on (batch of %d)",
+                self.s.name,
+                n_off,
+                len(changed) - n_off,
+                len(batch),
+            )
+        return [0 if off else k for k, off in zip(ks, flags)]
