@@ -108,10 +108,11 @@ class DrafterPool:
         return d is not None and d.late is not None and not d.late.done()
 
     def view(self, d: _Drafter, now: float) -> DrafterView:
-        step = d.step_s if now - d.measured_at <= self.policy.stale_s else None
+        step, age = d.step_s, now - d.measured_at
         if step is not None:  # a call running past its expected time says the drafter is slower now
             for t0, steps in d.running.values():
-                step = max(step, (now - t0) / max(steps, 1))
+                if steps > 0 and (now - t0) / steps > step:
+                    step, age = (now - t0) / steps, 0.0
         c = d.client
         tel = getattr(c, "telemetry", None)
         slots = int(c.info.num_slots) if c.info is not None and c.info.num_slots > 0 else None
@@ -119,6 +120,7 @@ class DrafterPool:
             name=c.name,
             up=c.up,
             step_s=step,
+            age_s=age if step is not None else 0.0,
             in_flight=len(d.running),
             load=tel.load if tel is not None else None,
             jobs=len(d.jobs),

@@ -67,8 +67,9 @@ class RebalanceConfig:
       only, no speculation switch): what the router did before the rebalancer.
     period_s: how often the router polls worker telemetry and re-plans depth.
     latency_weight: EWMA weight of each new round in a drafter's measured seconds per step.
-    stale_s: a drafter not measured for this long has its measurement forgotten (it gets new
-      requests again and is measured anew; requests never *move* to an unmeasured drafter).
+    stale_s / forget_s: requests move only between drafters measured within ``stale_s``; new
+      requests are placed by a drafter's last measurement until it is ``forget_s`` old, then by
+      the pool's median (a drafter that recovered meanwhile gets requests again).
     move_margin / move_cooldown_s: a request moves off its drafter only when its cost is more than
       ``move_margin`` times the best drafter's, and at most once per ``move_cooldown_s``.
     util_weight / hot_utilization: a drafter's cost grows by ``util_weight`` x its device load, and
@@ -92,6 +93,7 @@ class RebalanceConfig:
     period_s: float = 1.0
     latency_weight: float = 0.3
     stale_s: float = 10.0
+    forget_s: float = 60.0
     move_margin: float = 1.5
     move_cooldown_s: float = 2.0
     util_weight: float = 0.5
@@ -110,7 +112,7 @@ class RebalanceConfig:
     saturated_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        positive = ("period_s", "stale_s", "move_margin", "latency_weight")
+        positive = ("period_s", "stale_s", "forget_s", "move_margin", "latency_weight")
         for key in positive:
             if not float(getattr(self, key)) > 0:
                 raise ValueError(f"router.rebalance.{key} must be > 0")
@@ -145,7 +147,7 @@ class DrafterView:
     """One drafter as the policy sees it.
 
     step_s: measured seconds per draft step of a round on it, queueing included (EWMA, raised while
-      a call runs late); None = not measured yet, or stale.
+      a call runs late); None = never measured. age_s: seconds since that measurement.
     in_flight: Propose calls queued or running on it now (from every target).
     load: device load share from telemetry (DeviceSample.load), None = unknown.
     jobs / slots: requests it drafts for, and its KV slots (None = unbounded, e.g. n-gram).
@@ -154,6 +156,7 @@ class DrafterView:
     name: str
     up: bool = True
     step_s: float | None = None
+    age_s: float = 0.0
     in_flight: int = 0
     load: float | None = None
     jobs: int = 0
@@ -173,8 +176,12 @@ class Assignment:
     reason: str = ""
 
 
-def _fallback_step(drafters: Sequence[DrafterView]) -> float:
-    known = sorted(d.step_s for d in drafters if d.up and d.step_s is not None)
+def _known_step(d: DrafterView, within_s: float) -> float | None:
+    return d.step_s if d.step_s is not None and d.age_s <= within_s else None
+
+
+def _fallback_step(drafters: Sequence[DrafterView], cfg: RebalanceConfig) -> float:
+    known = sorted(s for d in drafters if d.up and (s := _known_step(d, cfg.forget_s)) is not None)
     return known[len(known) // 2] if known else 1.0
 
 
@@ -188,15 +195,18 @@ def _load_factor(d: DrafterView, cfg: RebalanceConfig) -> float:
 
 def placement_cost(d: DrafterView, drafters: Sequence[DrafterView], cfg: RebalanceConfig) -> float:
     """Expected wait for a new request's draft step on ``d``: its step time (the pool's median
-    when unmeasured) x (rounds in flight + 1) x the device-load factor."""
-    step = d.step_s if d.step_s is not None else _fallback_step(drafters)
+    when unmeasured or forgotten) x (rounds in flight + 1) x the device-load factor."""
+    step = _known_step(d, cfg.forget_s)
+    step = step if step is not None else _fallback_step(drafters, cfg)
     return step * (1 + d.in_flight) * _load_factor(d, cfg)
 
 
 def move_cost(d: DrafterView, cfg: RebalanceConfig) -> float | None:
     """The smoothed cost used to decide moves (no instantaneous in-flight count: it flickers
-    round by round; queueing shows in the measured step time instead). None = unmeasured."""
-    return None if d.step_s is None else d.step_s * _load_factor(d, cfg)
+    round by round; queueing shows in the measured step time instead). None = not measured
+    within ``stale_s``."""
+    step = _known_step(d, cfg.stale_s)
+    return None if step is None else step * _load_factor(d, cfg)
 
 
 def assign_drafter(

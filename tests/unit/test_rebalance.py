@@ -53,6 +53,20 @@ def test_a_new_request_goes_to_the_drafter_with_most_headroom():
     assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "new"
 
 
+def test_old_measurements_hold_for_placement_until_forgotten_and_never_justify_a_move():
+    # b was measured slow 20 s ago (no request since): new requests still avoid it ...
+    pool = [DrafterView("a", step_s=0.01, in_flight=1), DrafterView("b", step_s=0.03, age_s=20)]
+    assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "a"
+    # ... until the measurement is forgotten: then b is priced at the pool's median and gets one
+    pool = [DrafterView("a", step_s=0.01, in_flight=1), DrafterView("b", step_s=0.03, age_s=CFG.forget_s + 1)]
+    assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "b"
+    # a move needs fresh measurements on both sides
+    pool = [DrafterView("a", step_s=0.05), DrafterView("b", step_s=0.01, age_s=CFG.stale_s + 1)]
+    assert assign_drafter("a", pool, moved_at=None, now=100, cfg=CFG).action == "keep"
+    pool = [DrafterView("a", step_s=0.05, age_s=CFG.stale_s + 1), DrafterView("b", step_s=0.01)]
+    assert assign_drafter("a", pool, moved_at=None, now=100, cfg=CFG).action == "keep"
+
+
 def test_full_and_down_drafters_get_no_new_requests():
     pool = [DrafterView("a", step_s=0.001, jobs=4, slots=4), DrafterView("b", step_s=0.05, jobs=0, slots=4)]
     assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "b"
