@@ -2,7 +2,11 @@
 
 Per drafter the pool measures seconds per draft step (EWMA of each Propose's wall time, queueing
 behind other rounds included, divided by its draft length), counts the calls in flight, and keeps
-the requests it drafts for; telemetry (router/rebalancer.py) adds the device load. Per request
+the requests it drafts for; telemetry (router/rebalancer.py) adds the device load.
+
+Proposes for one drafter from several targets (or lanes) that wait while it is busy are sent as one
+batched call when it is free (:meth:`DrafterPool.propose`): a batched draft step costs about what a
+single one does, so a shared drafter serves several targets without serialising their rounds. Per request
 (:class:`router.jobs.Job`): ``drafter`` (where its drafts come from now), ``drafter_at`` (when it
 was placed or moved) and ``drafters`` (every drafter that may hold a KV slot for it: all are
 released when it ends).
@@ -26,13 +30,22 @@ from router.config import RouterConfig
 from router.jobs import Job
 from router.metrics import Metrics
 from router.rebalance import DrafterView, assign_drafter
-from router.workers import WorkerClient
+from router.workers import WorkerClient, WorkerUnavailable
+from specdec.rpc import worker_pb2
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DrafterPool"]
 
 _calls = itertools.count()
+
+
+@dataclass
+class _Waiter:
+    seqs: list[worker_pb2.Sequence]
+    future: asyncio.Future
+    started: list | None  # gets True when the call carrying these sequences is sent
+    t0: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -43,6 +56,8 @@ class _Drafter:
     running: dict[int, tuple[float, int]] = field(default_factory=dict)  # call -> (start, draft steps)
     jobs: set[str] = field(default_factory=set)  # keys of the requests drafting here
     late: asyncio.Task | None = None  # a Propose that missed its round's deadline, still running
+    queue: list[_Waiter] = field(default_factory=list)  # Proposes waiting to be sent (coalesced)
+    sender: asyncio.Task | None = None
 
 
 class DrafterPool:
@@ -73,6 +88,68 @@ class DrafterPool:
     def __len__(self) -> int:
         return len(self._d)
 
+    # ---- Propose, coalesced per drafter ---------------------------------------------------------------
+    async def propose(
+        self, name: str, seqs: list[worker_pb2.Sequence], started: list | None = None
+    ) -> list[worker_pb2.Draft]:
+        """Drafts for ``seqs`` from drafter ``name``, sent with whatever else waits for it. Cancelling
+        a call that was not sent yet withdraws it; ``started`` gets True once it is sent."""
+        d = self._d.get(name)
+        if d is None:
+            raise WorkerUnavailable(f"draft worker {name} left the pool")
+        w = _Waiter(seqs, asyncio.get_running_loop().create_future(), started)
+        d.queue.append(w)
+        if d.sender is None or d.sender.done():
+            d.sender = asyncio.get_running_loop().create_task(self._send(name, d))
+        try:
+            return await asyncio.shield(w.future)
+        except asyncio.CancelledError:
+            if w in d.queue:
+                d.queue.remove(w)
+            raise
+
+    async def _send(self, name: str, d: _Drafter) -> None:
+        while d.queue:
+            async with d.client.lock:
+                batch, ids, rest = [], set(), []
+                for w in d.queue:  # one call never holds a request twice (a pre-draft and its redraft)
+                    mine = {s.request_id for s in w.seqs}
+                    if mine & ids:
+                        rest.append(w)
+                    else:
+                        batch.append(w)
+                        ids |= mine
+                d.queue = rest
+                await self._call(name, d, batch)
+
+    async def _call(self, name: str, d: _Drafter, batch: list[_Waiter]) -> None:
+        seqs = [s for w in batch for s in w.seqs]
+        steps = max(s.k for s in seqs)
+        for w in batch:
+            if w.started is not None:
+                w.started.append(True)  # the call reaches the worker now (before: only queued here)
+        call = self.begin(name, steps)
+        try:
+            resp = await d.client.call(
+                "Propose", worker_pb2.ProposeRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
+            )
+            if len(resp.drafts) != len(seqs):
+                raise WorkerUnavailable(f"draft worker answered {len(resp.drafts)} drafts for {len(seqs)} sequences")
+        except Exception as exc:  # noqa: BLE001 - every waiter gets the failure (fail open)
+            self.end(name, call, False)
+            for w in batch:
+                if not w.future.done():
+                    w.future.set_exception(exc)
+                    w.future.exception()  # retrieved: a withdrawn waiter must not warn
+            return
+        self.end(name, call, True, since=min(w.t0 for w in batch))
+        self.metrics.draft_sequences.labels(name).inc(len(seqs))
+        i = 0
+        for w in batch:
+            if not w.future.done():
+                w.future.set_result(list(resp.drafts[i : i + len(w.seqs)]))
+            i += len(w.seqs)
+
     # ---- measurements --------------------------------------------------------------------------
     def begin(self, name: str, steps: int) -> int:
         call = next(_calls)
@@ -81,8 +158,9 @@ class DrafterPool:
             d.running[call] = (time.monotonic(), steps)
         return call
 
-    def end(self, name: str, call: int, ok: bool) -> None:
-        """A call is over; a successful Propose updates the drafter's seconds per step."""
+    def end(self, name: str, call: int, ok: bool, since: float | None = None) -> None:
+        """A call is over; a successful Propose updates the drafter's seconds per step (from
+        ``since``, when its sequences started waiting: queueing counts)."""
         d = self._d.get(name)
         if d is None or call not in d.running:
             return
@@ -90,7 +168,7 @@ class DrafterPool:
         if not ok or steps <= 0:
             return
         now = time.monotonic()
-        sample = (now - t0) / steps
+        sample = (now - (t0 if since is None else min(since, t0))) / steps
         fresh = now - d.measured_at <= self.policy.stale_s and d.step_s is not None
         w = self.policy.latency_weight
         d.step_s = (1 - w) * d.step_s + w * sample if fresh else sample
@@ -121,7 +199,7 @@ class DrafterPool:
             up=c.up,
             step_s=step,
             age_s=age if step is not None else 0.0,
-            in_flight=len(d.running),
+            in_flight=len(d.running) + len(d.queue),
             load=tel.load if tel is not None else None,
             jobs=len(d.jobs),
             slots=slots,

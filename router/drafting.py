@@ -87,25 +87,7 @@ class DraftSource:
         self, name: str, seqs: list[worker_pb2.Sequence], started: list | None = None
     ) -> list[worker_pb2.Draft]:
         assert self.pool is not None
-        client = self.pool.client(name)
-        if client is None:
-            raise WorkerUnavailable(f"draft worker {name} left the pool")
-        call = self.pool.begin(name, max(s.k for s in seqs))
-        ok = False
-        try:
-            async with client.lock:
-                if started is not None:
-                    started.append(True)  # the call reaches the worker now (before: only queued here)
-                resp = await client.call(
-                    "Propose", worker_pb2.ProposeRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
-                )
-            if len(resp.drafts) != len(seqs):
-                raise WorkerUnavailable(f"draft worker answered {len(resp.drafts)} drafts for {len(seqs)} sequences")
-            ok = True
-        finally:
-            self.pool.end(name, call, ok)
-        self.metrics.draft_sequences.labels(name).inc(len(seqs))
-        return list(resp.drafts)
+        return await self.pool.propose(name, seqs, started)
 
     def decode_draft(self, m: worker_pb2.Draft, k: int, offset: int = 0) -> Draft | None:
         try:

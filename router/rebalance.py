@@ -17,7 +17,11 @@ Actions:
   the best one's (``draft_move``), at most once per ``move_cooldown_s``.
 * Depth by device load (:func:`plan_depth`, :func:`depth_plan`): an underused target (low load,
   drafts not on the critical path) goes ``deep`` (longer drafts, pre-drafting); a saturated one
-  ``shallow`` (shorter drafts, no pre-drafting).
+  ``shallow`` (shorter drafts, no pre-drafting). Saturated means the compute units are full: GPM SM
+  activity where offered; otherwise a high load *and* a measured verify cost that grows with the
+  tokens verified. A busy device alone is not saturated: NVML utilization counts time in which any
+  kernel ran, and a memory-bound target busy all the time still verifies k + 1 tokens for the
+  price of one.
 * Speculation off per request (:func:`plan_speculation`): AUTO requests stop speculating when the
   measured goodput B tau / T(B (k + 1)) (+ draft wait) says plain decoding is faster, and start
   again when speculation is faster again: speculation is never kept where it loses.
@@ -76,6 +80,8 @@ class RebalanceConfig:
       by up to 1 more as the load goes from ``hot_utilization`` to 1 (busy with other work).
     low_utilization / high_utilization / band: a target is underused below ``low``, saturated
       above ``high``; it leaves a level only ``band`` past the threshold (hysteresis).
+    growth_saturated: without GPM, saturated also needs each extra verified token to cost at least
+      this share of a one-token verify (measured: the scheduler's verify line).
     depth_samples / depth_cooldown_s: a level changes after this many telemetry samples in a row
       ask for it, at most once per cooldown.
     deep_wait_share: ``deep`` only while rounds spend less than this share waiting for drafts (an
@@ -101,6 +107,7 @@ class RebalanceConfig:
     low_utilization: float = 0.35
     high_utilization: float = 0.9
     band: float = 0.1
+    growth_saturated: float = 0.15
     depth_samples: int = 3
     depth_cooldown_s: float = 5.0
     deep_wait_share: float = 0.25
@@ -195,10 +202,13 @@ def _load_factor(d: DrafterView, cfg: RebalanceConfig) -> float:
 
 def placement_cost(d: DrafterView, drafters: Sequence[DrafterView], cfg: RebalanceConfig) -> float:
     """Expected wait for a new request's draft step on ``d``: its step time (the pool's median
-    when unmeasured or forgotten) x (rounds in flight + 1) x the device-load factor."""
+    when unmeasured or forgotten) x (rounds in flight + 1) x the device-load factor x (1 + the
+    share of its KV slots taken): requests placed in the same round see no calls in flight yet,
+    and the occupancy spreads them instead of piling them on the marginally cheapest drafter."""
     step = _known_step(d, cfg.forget_s)
     step = step if step is not None else _fallback_step(drafters, cfg)
-    return step * (1 + d.in_flight) * _load_factor(d, cfg)
+    occupancy = d.jobs / d.slots if d.slots else 0.0
+    return step * (1 + d.in_flight) * _load_factor(d, cfg) * (1.0 + occupancy)
 
 
 def move_cost(d: DrafterView, cfg: RebalanceConfig) -> float | None:
@@ -254,7 +264,9 @@ class TargetView:
     """One target replica as the policy sees it.
 
     load: DeviceSample.load (NVML kernel-time share on a GPU, the worker's busy fraction on CPU);
-    saturation: DeviceSample.saturation (GPM SM activity where offered, else load); None = unknown.
+    sm_active: GPM SM activity where offered; None = unknown / not offered.
+    verify_growth: measured cost of one more verified token relative to a one-token verify
+      (0 while memory-bound); None = not measured yet.
     draft_wait_share: share of its recent round time spent waiting for drafts.
     level: its depth level now (routing puts ``shallow`` = saturated replicas last).
     """
@@ -265,9 +277,19 @@ class TargetView:
     running: int = 0
     capacity: int = 1
     load: float | None = None
-    saturation: float | None = None
+    sm_active: float | None = None
+    verify_growth: float | None = None
     draft_wait_share: float = 0.0
     level: str = "normal"
+
+    def saturation(self, cfg: RebalanceConfig) -> float | None:
+        """How full the compute units are, in [0, 1]: GPM SM activity where offered; else the load
+        when the measured verify cost grows with tokens (compute-bound), 0 when it does not."""
+        if self.sm_active is not None:
+            return self.sm_active
+        if self.load is None or self.verify_growth is None:
+            return None
+        return self.load if self.verify_growth >= cfg.growth_saturated else 0.0
 
 
 @dataclass(frozen=True)
@@ -281,10 +303,11 @@ class DepthState:
 
 
 def _wanted_level(v: TargetView, level: str, cfg: RebalanceConfig) -> str:
-    if v.saturation is None or v.load is None:
+    if v.load is None:
         return level  # no telemetry: no evidence either way
     hi = cfg.high_utilization - (cfg.band if level == "shallow" else 0.0)
-    if v.saturation >= hi:
+    sat = v.saturation(cfg)
+    if sat is not None and sat >= hi:
         return "shallow"
     lo = cfg.low_utilization + (cfg.band if level == "deep" else 0.0)
     if v.load <= lo and v.draft_wait_share <= cfg.deep_wait_share:

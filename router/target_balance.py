@@ -31,6 +31,10 @@ __all__ = ["TargetBalance", "LEVEL_VALUES"]
 LEVEL_VALUES = {"shallow": -1, "normal": 0, "deep": 1}
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
 class TargetBalance:
     def __init__(self, sched: Any):  # a router.scheduler.TargetScheduler (not imported: no cycle)
         self.s = sched
@@ -64,7 +68,8 @@ class TargetBalance:
             running=len(s.running),
             capacity=s.capacity,
             load=tel.load if tel is not None else None,
-            saturation=tel.saturation if tel is not None else None,
+            sm_active=tel.sm_active if tel is not None else None,
+            verify_growth=s.cost.r if s.cost.line() is not None else None,
             draft_wait_share=self.wait_share,
             level=self.depth.level,
         )
@@ -80,13 +85,14 @@ class TargetBalance:
             m.rebalance_actions.labels(f"depth_{new.level}").inc()
             m.depth_level.labels(v.name).set(LEVEL_VALUES[new.level])
             log.info(
-                "depth_%s: target %s %s -> %s (load %s, saturation %s, draft wait %.0f%% of rounds)",
+                "depth_%s: target %s %s -> %s (load %s, SM %s, verify growth %s, draft wait %.0f%% of rounds)",
                 new.level,
                 v.name,
                 self.depth.level,
                 new.level,
-                v.load,
-                v.saturation,
+                _pct(v.load),
+                _pct(v.sm_active),
+                _pct(v.verify_growth),
                 100 * v.draft_wait_share,
             )
         self.depth = new

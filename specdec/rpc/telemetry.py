@@ -107,11 +107,6 @@ class DeviceSample:
         """The device's busy share: NVML utilization on a GPU, the worker's busy fraction otherwise."""
         return self.utilization if self.utilization is not None else self.busy
 
-    @property
-    def saturation(self) -> float | None:
-        """How full the compute units are: GPM SM activity where offered, else :attr:`load`."""
-        return self.sm_active if self.sm_active is not None else self.load
-
 
 def sample_to_proto(s: DeviceSample) -> worker_pb2.DeviceTelemetry:
     m = worker_pb2.DeviceTelemetry(

@@ -48,6 +48,18 @@ def test_a_new_request_goes_to_the_drafter_with_most_headroom():
     # all equal: the one with fewer requests (spreads the pool), then the name
     pool = [DrafterView("a", step_s=0.01, jobs=3), DrafterView("b", step_s=0.01, jobs=1)]
     assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "b"
+    # a burst placed in one round (nothing in flight yet) spreads over drafters of nearly equal cost
+    where = []
+    for _ in range(8):
+        pool = [DrafterView(n, step_s=s, jobs=where.count(n), slots=8) for n, s in (("a", 0.010), ("b", 0.011))]
+        where.append(assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter)
+    assert 3 <= where.count("b") <= 5, where
+    # ... but not onto a clearly slower one
+    where = []
+    for _ in range(8):
+        pool = [DrafterView(n, step_s=s, jobs=where.count(n), slots=8) for n, s in (("a", 0.01), ("b", 0.03))]
+        where.append(assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter)
+    assert where == ["a"] * 8
     # an unmeasured drafter is treated as the pool's median: it gets new requests (and is measured)
     pool = [DrafterView("a", step_s=0.01, jobs=2), DrafterView("new", step_s=None)]
     assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "new"
@@ -158,10 +170,14 @@ def test_a_slowdown_shifts_every_request_once_and_they_stay():
 # ---- depth by device load ------------------------------------------------------------------------
 
 
-def _depth_trace(loads, share=0.0, dt=1.0, sat=None):
+def _depth_trace(loads, share=0.0, dt=1.0, sm=None, growth=0.3):
+    """Levels over a trace of device loads (no GPM unless ``sm``; verify cost growing with tokens
+    by ``growth`` per token: compute-bound)."""
     st, levels = DepthState(), []
     for i, u in enumerate(loads):
-        v = TargetView("t", load=u, saturation=u if sat is None else sat[i], draft_wait_share=share)
+        v = TargetView(
+            "t", load=u, sm_active=None if sm is None else sm[i], verify_growth=growth, draft_wait_share=share
+        )
         st = plan_depth(v, st, i * dt, CFG)
         levels.append(st.level)
     return levels
@@ -182,8 +198,12 @@ def test_a_saturated_target_goes_shallow_and_a_spike_changes_nothing():
     spikes = [0.6, 0.6, 0.99, 0.6, 0.6, 0.99, 0.6, 0.1, 0.6, 0.99, 0.6]
     assert set(_depth_trace(spikes)) == {"normal"}
     # GPM SM activity decides saturation where offered: kernels running all the time at low SM use
-    # (load 1.0, sm_active 0.3) is not saturated
-    assert _depth_trace([1.0] * 5, sat=[0.3] * 5)[-1] == "normal"
+    # (load 1.0, sm_active 0.3) is not saturated, high SM use is
+    assert _depth_trace([1.0] * 5, sm=[0.3] * 5)[-1] == "normal"
+    assert _depth_trace([0.95] * 5, sm=[0.95] * 5, growth=None)[-1] == "shallow"
+    # without GPM, a device busy all the time whose verify cost stays flat is memory-bound: not saturated
+    assert _depth_trace([1.0] * 5, growth=0.02)[-1] == "normal"
+    assert _depth_trace([1.0] * 5, growth=None)[-1] == "normal"  # not measured yet: no evidence
 
 
 def test_depth_hysteresis_and_cooldown():
