@@ -229,7 +229,7 @@ class DrafterPool:
         old = job.drafter
         self._place(job, self._d[a.drafter], now)
         if a.action in ("move", "failover"):
-            job.moved_from = old
+            job.moved_from, job.drafter_at = old, now
             action = "draft_move" if a.action == "move" else "draft_failover"
             self.metrics.rebalance_actions.labels(action).inc()
             log.info("%s: %s %s -> %s (%s)", action, job.key, old, a.drafter, a.reason)
@@ -241,7 +241,6 @@ class DrafterPool:
             old.jobs.discard(job.key)
         d.jobs.add(job.key)
         job.drafter = d.client.name
-        job.drafter_at = now
 
     def forget(self, job: Job) -> None:
         """The job ended: it no longer counts against any drafter."""

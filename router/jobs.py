@@ -65,8 +65,8 @@ class Job:
     done: bool = False
     outcome: str | None = None
     predraft: PreDraft | None = None
-    # Drafting (router/drafter_pool.py): where its drafts come from now, since when, the drafter it
-    # just left, and every drafter that may hold a KV slot for it (all released when it ends).
+    # Drafting (router/drafter_pool.py): where its drafts come from now, when it last moved, the
+    # drafter it just left, and every drafter that may hold a KV slot for it (all released at the end).
     drafter: str | None = None
     drafter_at: float | None = None
     moved_from: str | None = None

@@ -12,9 +12,10 @@ Actions:
 
 * Draft assignment (:func:`assign_drafter`): drafters are one pool shared by every target. A new
   request goes to the drafter with the most headroom (:func:`placement_cost`: measured seconds per
-  draft step, rounds in flight, device load); a request stays on its drafter (its KV cache is
-  there) unless that drafter is down (``failover``) or its measured cost is ``move_margin`` times
-  the best one's (``draft_move``), at most once per ``move_cooldown_s``.
+  draft step, a call in flight, device load, KV occupancy) among those a move would not take it
+  away from at once; a request stays on its drafter (its KV cache is there) unless that drafter is
+  down (``failover``) or its measured cost is ``move_margin`` times the best one's
+  (``draft_move``), at most once per ``move_cooldown_s`` after a move.
 * Depth by device load (:func:`plan_depth`, :func:`depth_plan`): an underused target (low load,
   drafts not on the critical path) goes ``deep`` (longer drafts, pre-drafting); a saturated one
   ``shallow`` (shorter drafts, no pre-drafting). Saturated means the compute units are full: GPM SM
@@ -53,6 +54,7 @@ __all__ = [
     "depth_plan",
     "VerifyCost",
     "SpecJob",
+    "pooled_acceptance",
     "round_goodput",
     "plan_speculation",
     "Route",
@@ -202,13 +204,15 @@ def _load_factor(d: DrafterView, cfg: RebalanceConfig) -> float:
 
 def placement_cost(d: DrafterView, drafters: Sequence[DrafterView], cfg: RebalanceConfig) -> float:
     """Expected wait for a new request's draft step on ``d``: its step time (the pool's median
-    when unmeasured or forgotten) x (rounds in flight + 1) x the device-load factor x (1 + the
-    share of its KV slots taken): requests placed in the same round see no calls in flight yet,
-    and the occupancy spreads them instead of piling them on the marginally cheapest drafter."""
+    when unmeasured or forgotten) x 1.5 while a call is in flight there (the router coalesces the
+    waiting ones: a new request waits for about half the running call, then goes in the next) x the
+    device-load factor x (1 + half the share of its KV slots taken: requests placed in the same
+    round see nothing in flight yet, and this spreads them instead of piling them on the
+    marginally cheapest drafter)."""
     step = _known_step(d, cfg.forget_s)
     step = step if step is not None else _fallback_step(drafters, cfg)
     occupancy = d.jobs / d.slots if d.slots else 0.0
-    return step * (1 + d.in_flight) * _load_factor(d, cfg) * (1.0 + occupancy)
+    return step * (1.0 + 0.5 * min(d.in_flight, 1)) * _load_factor(d, cfg) * (1.0 + 0.5 * occupancy)
 
 
 def move_cost(d: DrafterView, cfg: RebalanceConfig) -> float | None:
@@ -229,7 +233,7 @@ def assign_drafter(
 ) -> Assignment:
     """Where request drafts next: stay on ``current`` unless it is down or clearly worse.
 
-    ``moved_at``: when the request was last placed or moved (None = never), for the cooldown.
+    ``moved_at``: when the request last moved (None = never), for the cooldown.
     """
     up = [d for d in drafters if d.up]
     if not up:
@@ -239,9 +243,15 @@ def assign_drafter(
     roomy = [d for d in up if d.has_room or d is cur]
     if not roomy:
         return Assignment(None, "none", "every drafter's KV slots are taken")
-    best = min(roomy, key=lambda d: (placement_cost(d, up, cfg), d.jobs, d.name))
     if current is None:
+        # only where a move would not take it away at once: within the margin of the best measured
+        costs = {d.name: move_cost(d, cfg) for d in roomy}
+        measured = [c for c in costs.values() if c is not None]
+        limit = cfg.move_margin * min(measured) if measured else math.inf
+        fit = [d for d in roomy if costs[d.name] is None or costs[d.name] <= limit]
+        best = min(fit, key=lambda d: (placement_cost(d, up, cfg), d.jobs, d.name))
         return Assignment(best.name, "place", "most headroom")
+    best = min(roomy, key=lambda d: (placement_cost(d, up, cfg), d.jobs, d.name))
     if cur is None:
         return Assignment(best.name, "failover", f"{current} is down")
     if moved_at is not None and now - moved_at < cfg.move_cooldown_s:
@@ -349,14 +359,17 @@ def depth_plan(level: str, k_min: int, k_max: int, cfg: RebalanceConfig) -> Dept
 @dataclass(frozen=True)
 class VerifyCost:
     """Measured target round time as a line in tokens verified: t(n) = t1 + slope (n - 1) seconds
-    (flat while memory-bound, growing once compute-bound), and the draft wait per draft step."""
+    (flat while memory-bound, growing once compute-bound), plus the round's draft wait when it
+    drafts remotely: draft_fixed_s + draft_step_s x the longest draft."""
 
     t1: float
     slope: float
     draft_step_s: float = 0.0
+    draft_fixed_s: float = 0.0  # a round's draft wait that does not grow with k (RPC, queueing)
 
     def time(self, rows: int, draft_steps: int) -> float:
-        return max(self.t1, self.t1 + self.slope * (rows - 1)) + self.draft_step_s * draft_steps
+        draft = self.draft_fixed_s + self.draft_step_s * draft_steps if draft_steps > 0 else 0.0
+        return max(self.t1, self.t1 + self.slope * (rows - 1)) + draft
 
 
 @dataclass(frozen=True)
@@ -375,6 +388,16 @@ class SpecJob:
     off: bool = False
     changed_at: float = -math.inf
     drafts_remote: bool = True
+
+
+def pooled_acceptance(evidence: Sequence[tuple[float, float]], weight: float = 8.0, prior: float = 0.6) -> list[float]:
+    """Each request's acceptance from its (accepted, rejections) counts, shrunk toward the batch's
+    pooled estimate by ``weight`` pseudo-observations: a few unlucky rounds of one request do not
+    switch it off, and a request switched off (its own counts frozen) follows the pool."""
+    acc = sum(a for a, _ in evidence)
+    rej = sum(r for _, r in evidence)
+    pool = acc / (acc + rej) if acc + rej > 0 else prior
+    return [(a + weight * pool) / (a + r + weight) for a, r in evidence]
 
 
 def round_goodput(jobs: Sequence[SpecJob], off: Sequence[bool], cost: VerifyCost) -> float:

@@ -22,6 +22,7 @@ from router.rebalance import (
     depth_plan,
     plan_depth,
     plan_speculation,
+    pooled_acceptance,
 )
 
 log = logging.getLogger(__name__)
@@ -98,38 +99,46 @@ class TargetBalance:
         self.depth = new
 
     # ---- speculation on / off ------------------------------------------------------------------
-    def _acceptance(self, job: Job) -> float:
+    def _evidence(self, job: Job) -> tuple[float, float]:
+        """(accepted, rejections) of the request: its adaptive k's counts, or its lifetime totals
+        read as if every round with fewer accepted than drafted ended in one rejection."""
         if job.state.adaptive is not None:
-            return job.state.adaptive.acceptance
-        m = self.s.metrics
-        return m._accepted_n / m._drafted_n if m._drafted_n else 0.6
+            return job.state.adaptive.evidence
+        st = job.state.stats
+        return float(st.accepted), float(max(0, min(st.rounds, st.drafted - st.accepted)))
 
     def cost(self) -> VerifyCost | None:
-        """The measured round cost: the verify line through recent rounds, and the draft wait per
-        step (c x the recent verify time); None until rounds of different sizes were seen."""
-        fit = self.s.cost.line()
+        """The measured round cost: the verify line through recent rounds, and the draft wait as a
+        line in draft steps (before rounds of different k: c x the recent verify time per step);
+        None until rounds of different sizes were seen."""
+        meter = self.s.cost
+        fit = meter.line()
         verify = self.s.drafting.verify_ema
         if fit is None or fit[0] <= 0 or not verify:
             return None
-        return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0), draft_step_s=self.s.cost.c * verify)
+        draft = meter.draft_line()
+        fixed, step = (max(draft[0], 0.0), max(draft[1], 0.0)) if draft is not None else (0.0, meter.c * verify)
+        return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0), draft_step_s=step, draft_fixed_s=fixed)
 
     def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
         """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
         if not self.cfg.enabled or not batch:
             return ks
         now = time.monotonic()
+        acceptance = pooled_acceptance([self._evidence(j) for j in batch])
         jobs = [
             SpecJob(
-                a=self._acceptance(j),
+                a=a,
                 k=k,
                 auto=j.auto and j.spec != "off",
                 off=j.spec_off,
                 changed_at=j.spec_changed_at,
                 drafts_remote=j.spec == "draft",
             )
-            for j, k in zip(batch, ks)
+            for j, k, a in zip(batch, ks, acceptance)
         ]
-        flags = plan_speculation(jobs, self.cost(), now, self.cfg)
+        cost = self.cost()
+        flags = plan_speculation(jobs, cost, now, self.cfg)
         changed = [(j, off) for j, off in zip(batch, flags) if off != j.spec_off]
         for j, off in changed:
             j.spec_off, j.spec_changed_at = off, now
@@ -137,10 +146,18 @@ class TargetBalance:
         if changed:
             n_off = sum(off for _, off in changed)
             log.info(
-                "speculation by goodput on %s: %d request(s) off, %d back on (batch of %d)",
-                self.s.name,
+                "speculation by goodput on %s: %d request(s) off, %d back on (batch of %d; verify %.1f ms "
+                "+ %.2f ms/token, draft %.1f ms + %.1f ms/step, acceptance %.2f..%.2f, k %s)",
+                self.s.target.name,
                 n_off,
                 len(changed) - n_off,
                 len(batch),
+                1000 * cost.t1,
+                1000 * cost.slope,
+                1000 * cost.draft_fixed_s,
+                1000 * cost.draft_step_s,
+                min(acceptance),
+                max(acceptance),
+                ks,
             )
         return [0 if off else k for k, off in zip(ks, flags)]

@@ -64,6 +64,31 @@ class KPolicy:
 
 
 @dataclass
+class LineFit:
+    """A least-squares line y = a + b x through recent (x, y) points (exponentially weighted
+    moments, ``weight`` per new point); no line until the x values have spread."""
+
+    weight: float = 0.05
+    _moments: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)  # 1, x, y, x^2, x y
+
+    def add(self, x: float, y: float) -> None:
+        for i, v in enumerate((1.0, x, y, x * x, x * y)):
+            self._moments[i] += self.weight * (v - self._moments[i])
+
+    def line(self, at: float = 0.0) -> tuple[float, float] | None:
+        """(y at x = ``at``, slope); None while the points' x values have a variance below 0.25."""
+        w, x, y, xx, xy = self._moments
+        if w <= 0:
+            return None
+        x, y, xx, xy = x / w, y / w, xx / w, xy / w
+        var = xx - x * x
+        if var < 0.25:
+            return None
+        slope = (xy - x * y) / var
+        return y - slope * (x - at), slope
+
+
+@dataclass
 class CostMeter:
     """Measured costs of a round, in units of a target step, for the adaptive choice of k.
 
@@ -77,31 +102,33 @@ class CostMeter:
 
     c: float = 0.4
     weight: float = 0.2  # of each new round, for c
-    line_weight: float = 0.05  # for the verify line: a longer memory, to span many sizes
-    _moments: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)  # 1, n, t, n^2, n t
+    line_weight: float = 0.05  # for the lines: a longer memory, to span many sizes
+    verify: LineFit = field(default=None, repr=False)  # verify seconds by tokens verified
+    draft: LineFit = field(default=None, repr=False)  # draft wait seconds by draft steps (k)
+
+    def __post_init__(self) -> None:
+        self.verify = self.verify or LineFit(self.line_weight)
+        self.draft = self.draft or LineFit(self.line_weight)
 
     def update(self, draft_seconds: float, draft_steps: int, verify_seconds: float, verified_tokens: int = 0) -> float:
         if draft_steps > 0 and verify_seconds > 0:
             sample = (draft_seconds / draft_steps) / verify_seconds
             self.c += self.weight * (sample - self.c)
+            self.draft.add(float(draft_steps), draft_seconds)
         if verified_tokens > 0 and verify_seconds > 0:
-            n, t = float(verified_tokens), verify_seconds
-            for i, x in enumerate((1.0, n, t, n * n, n * t)):
-                self._moments[i] += self.line_weight * (x - self._moments[i])
+            self.verify.add(float(verified_tokens), verify_seconds)
         return self.c
 
     def line(self) -> tuple[float, float] | None:
         """(one-token verify seconds, seconds per extra verified token) through recent rounds; None
         until rounds of different sizes have been seen (the rebalancer's goodput model uses it)."""
-        w, n, t, nn, nt = self._moments
-        if w <= 0:
-            return None
-        n, t, nn, nt = n / w, t / w, nn / w, nt / w
-        var = nn - n * n
-        if var < 0.25:  # all rounds (nearly) the same size: no slope to see
-            return None
-        slope = (nt - n * t) / var
-        return t - slope * (n - 1.0), slope
+        return self.verify.line(at=1.0)
+
+    def draft_line(self) -> tuple[float, float] | None:
+        """(fixed seconds of a round's draft wait, seconds per draft step): RPC and queueing are not
+        per step, so c (which divides the whole wait by the steps) overprices long drafts; None
+        until rounds with different draft lengths have been seen."""
+        return self.draft.line(at=0.0)
 
     @property
     def r(self) -> float:
