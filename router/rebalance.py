@@ -93,7 +93,8 @@ class RebalanceConfig:
     spec_off_margin / spec_on_margin / spec_cooldown_s: AUTO requests switch speculation off when
       that raises the round's goodput by more than ``spec_off_margin`` (small: speculation must
       not stay where it loses), back on only for more than ``spec_on_margin`` (the wide band keeps
-      noise from flipping them), each request at most once per cooldown.
+      noise from flipping them), each request at most once per cooldown; nothing switches before
+      the target's pooled acceptance rests on ``spec_min_evidence`` tested draft tokens.
     saturated_penalty: added to a saturated target's load per slot when routing.
     """
 
@@ -117,6 +118,7 @@ class RebalanceConfig:
     deep_cost_scale: float = 0.5
     spec_off_margin: float = 0.02
     spec_on_margin: float = 0.15
+    spec_min_evidence: float = 20.0
     spec_cooldown_s: float = 2.0
     saturated_penalty: float = 1.0
 
@@ -358,18 +360,14 @@ def depth_plan(level: str, k_min: int, k_max: int, cfg: RebalanceConfig) -> Dept
 
 @dataclass(frozen=True)
 class VerifyCost:
-    """Measured target round time as a line in tokens verified: t(n) = t1 + slope (n - 1) seconds
-    (flat while memory-bound, growing once compute-bound), plus the round's draft wait when it
-    drafts remotely: draft_fixed_s + draft_step_s x the longest draft."""
+    """Measured verify time as a line in tokens verified: t(n) = t1 + slope (n - 1) seconds (flat
+    while memory-bound, growing once compute-bound)."""
 
     t1: float
     slope: float
-    draft_step_s: float = 0.0
-    draft_fixed_s: float = 0.0  # a round's draft wait that does not grow with k (RPC, queueing)
 
-    def time(self, rows: int, draft_steps: int) -> float:
-        draft = self.draft_fixed_s + self.draft_step_s * draft_steps if draft_steps > 0 else 0.0
-        return max(self.t1, self.t1 + self.slope * (rows - 1)) + draft
+    def time(self, rows: int) -> float:
+        return max(self.t1, self.t1 + self.slope * (rows - 1))
 
 
 @dataclass(frozen=True)
@@ -378,8 +376,9 @@ class SpecJob:
 
     a: its acceptance estimate; k: the draft length it would use if speculating (also while
     switched off; 0 = nothing to decide); auto: AUTO mode (the policy may switch it); off: switched
-    off now; changed_at: when it was last switched; drafts_remote: its drafts come from a draft
-    worker (their wait is on the round's critical path).
+    off now; changed_at: when it was last switched; draft_step_s: measured seconds per draft step
+    of its drafter, queueing included (0 = drafted locally, e.g. n-gram): the round waits for the
+    slowest of its drafts.
     """
 
     a: float
@@ -387,29 +386,34 @@ class SpecJob:
     auto: bool = True
     off: bool = False
     changed_at: float = -math.inf
-    drafts_remote: bool = True
+    draft_step_s: float = 0.0
 
 
-def pooled_acceptance(evidence: Sequence[tuple[float, float]], weight: float = 8.0, prior: float = 0.6) -> list[float]:
-    """Each request's acceptance from its (accepted, rejections) counts, shrunk toward the batch's
-    pooled estimate by ``weight`` pseudo-observations: a few unlucky rounds of one request do not
-    switch it off, and a request switched off (its own counts frozen) follows the pool."""
-    acc = sum(a for a, _ in evidence)
-    rej = sum(r for _, r in evidence)
-    pool = acc / (acc + rej) if acc + rej > 0 else prior
-    return [(a + weight * pool) / (a + r + weight) for a, r in evidence]
+def pooled_acceptance(
+    evidence: Sequence[tuple[float, float]],
+    pool: tuple[float, float] | None = None,
+    weight: float = 8.0,
+    prior: float = 0.6,
+) -> list[float]:
+    """Each request's acceptance from its (accepted, rejections) counts, shrunk toward the pooled
+    estimate by ``weight`` pseudo-observations: a few unlucky rounds of one request do not switch
+    it off, and a request switched off (its own counts frozen) follows the pool. ``pool``: the
+    target's (accepted, rejections) over a longer memory; None = the batch's own counts."""
+    acc, rej = pool if pool is not None else (sum(a for a, _ in evidence), sum(r for _, r in evidence))
+    pooled = acc / (acc + rej) if acc + rej > 0 else prior
+    return [(a + weight * pooled) / (a + r + weight) for a, r in evidence]
 
 
 def round_goodput(jobs: Sequence[SpecJob], off: Sequence[bool], cost: VerifyCost) -> float:
-    """Tokens per second of one round: sum of tau(a, k) / (t(rows) + draft wait)."""
-    tokens, rows, steps = 0.0, 0, 0
+    """Tokens per second of one round: B tau / T(B (k + 1)) with per-request a and k, T = the verify
+    time of all rows plus the wait for the slowest draft (draft_step_s x k)."""
+    tokens, rows, wait = 0.0, 0, 0.0
     for j, o in zip(jobs, off):
         k = 0 if o else j.k
         tokens += expected_tokens(min(max(j.a, 0.0), 1.0), k)
         rows += k + 1
-        if j.drafts_remote:
-            steps = max(steps, k)
-    return tokens / cost.time(rows, steps)
+        wait = max(wait, j.draft_step_s * k)
+    return tokens / (cost.time(rows) + wait)
 
 
 def plan_speculation(jobs: Sequence[SpecJob], cost: VerifyCost | None, now: float, cfg: RebalanceConfig) -> list[bool]:

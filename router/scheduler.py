@@ -387,6 +387,7 @@ class TargetScheduler:
         st = job.state
         committed = st.commit(tokens, n_acc, k, self.max_context)
         self.metrics.record_draft(k, min(n_acc, len(committed)))
+        self.balance.observe_outcome(k, n_acc)
         now = time.monotonic()
         if committed:
             if job.t_first is None:

@@ -42,6 +42,13 @@ class TargetBalance:
         self.cfg = sched.cfg.rebalance
         self.depth = DepthState()
         self.wait_share = 0.0  # EWMA of the share of round time spent waiting for drafts
+        self.pool = (0.0, 0.0)  # (accepted, rejections) of this target's rounds, decayed: ~300 request-rounds
+
+    def observe_outcome(self, drafted: int, accepted: int) -> None:
+        """One request's round: ``accepted`` of ``drafted`` draft tokens (the pooled acceptance)."""
+        if drafted > 0:
+            acc, rej = self.pool
+            self.pool = (0.997 * acc + accepted, 0.997 * rej + (1.0 if accepted < drafted else 0.0))
 
     # ---- depth ---------------------------------------------------------------------------------
     @property
@@ -108,24 +115,31 @@ class TargetBalance:
         return float(st.accepted), float(max(0, min(st.rounds, st.drafted - st.accepted)))
 
     def cost(self) -> VerifyCost | None:
-        """The measured round cost: the verify line through recent rounds, and the draft wait as a
-        line in draft steps (before rounds of different k: c x the recent verify time per step);
-        None until rounds of different sizes were seen."""
-        meter = self.s.cost
-        fit = meter.line()
-        verify = self.s.drafting.verify_ema
-        if fit is None or fit[0] <= 0 or not verify:
+        """The measured verify line through recent rounds; None until rounds of different sizes."""
+        fit = self.s.cost.line()
+        if fit is None or fit[0] <= 0:
             return None
-        draft = meter.draft_line()
-        fixed, step = (max(draft[0], 0.0), max(draft[1], 0.0)) if draft is not None else (0.0, meter.c * verify)
-        return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0), draft_step_s=step, draft_fixed_s=fixed)
+        return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0))
+
+    def _draft_step(self, job: Job, steps: dict[str, float | None]) -> float:
+        """Seconds per draft step of the job's drafter now (the pool's measurement; before it has a
+        drafter, the best one's); 0 for local drafts."""
+        if job.spec != "draft":
+            return 0.0
+        known = [s for s in steps.values() if s is not None]
+        step = steps.get(job.drafter) if job.drafter is not None else None
+        return step if step is not None else (min(known) if known else 0.0)
 
     def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
         """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
         if not self.cfg.enabled or not batch:
             return ks
+        if sum(self.pool) < self.cfg.spec_min_evidence:
+            return ks  # not enough measured acceptance to decide anything yet
         now = time.monotonic()
-        acceptance = pooled_acceptance([self._evidence(j) for j in batch])
+        acceptance = pooled_acceptance([self._evidence(j) for j in batch], self.pool)
+        pool = self.s.drafting.pool
+        steps = {v.name: v.step_s for v in pool.views(now)} if pool is not None else {}
         jobs = [
             SpecJob(
                 a=a,
@@ -133,12 +147,12 @@ class TargetBalance:
                 auto=j.auto and j.spec != "off",
                 off=j.spec_off,
                 changed_at=j.spec_changed_at,
-                drafts_remote=j.spec == "draft",
+                draft_step_s=self._draft_step(j, steps),
             )
             for j, k, a in zip(batch, ks, acceptance)
         ]
         cost = self.cost()
-        flags = plan_speculation(jobs, cost, now, self.cfg)
+        flags = plan_speculation(jobs, cost, now, self.cfg)  # unchanged without a measured cost
         changed = [(j, off) for j, off in zip(batch, flags) if off != j.spec_off]
         for j, off in changed:
             j.spec_off, j.spec_changed_at = off, now
@@ -147,15 +161,14 @@ class TargetBalance:
             n_off = sum(off for _, off in changed)
             log.info(
                 "speculation by goodput on %s: %d request(s) off, %d back on (batch of %d; verify %.1f ms "
-                "+ %.2f ms/token, draft %.1f ms + %.1f ms/step, acceptance %.2f..%.2f, k %s)",
+                "+ %.2f ms/token, draft %s ms/step, acceptance %.2f..%.2f, k %s)",
                 self.s.target.name,
                 n_off,
                 len(changed) - n_off,
                 len(batch),
                 1000 * cost.t1,
                 1000 * cost.slope,
-                1000 * cost.draft_fixed_s,
-                1000 * cost.draft_step_s,
+                [round(1000 * j.draft_step_s, 1) for j in jobs],
                 min(acceptance),
                 max(acceptance),
                 ks,

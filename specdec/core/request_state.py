@@ -104,17 +104,14 @@ class CostMeter:
     weight: float = 0.2  # of each new round, for c
     line_weight: float = 0.05  # for the lines: a longer memory, to span many sizes
     verify: LineFit = field(default=None, repr=False)  # verify seconds by tokens verified
-    draft: LineFit = field(default=None, repr=False)  # draft wait seconds by draft steps (k)
 
     def __post_init__(self) -> None:
         self.verify = self.verify or LineFit(self.line_weight)
-        self.draft = self.draft or LineFit(self.line_weight)
 
     def update(self, draft_seconds: float, draft_steps: int, verify_seconds: float, verified_tokens: int = 0) -> float:
         if draft_steps > 0 and verify_seconds > 0:
             sample = (draft_seconds / draft_steps) / verify_seconds
             self.c += self.weight * (sample - self.c)
-            self.draft.add(float(draft_steps), draft_seconds)
         if verified_tokens > 0 and verify_seconds > 0:
             self.verify.add(float(verified_tokens), verify_seconds)
         return self.c
@@ -123,12 +120,6 @@ class CostMeter:
         """(one-token verify seconds, seconds per extra verified token) through recent rounds; None
         until rounds of different sizes have been seen (the rebalancer's goodput model uses it)."""
         return self.verify.line(at=1.0)
-
-    def draft_line(self) -> tuple[float, float] | None:
-        """(fixed seconds of a round's draft wait, seconds per draft step): RPC and queueing are not
-        per step, so c (which divides the whole wait by the steps) overprices long drafts; None
-        until rounds with different draft lengths have been seen."""
-        return self.draft.line(at=0.0)
 
     @property
     def r(self) -> float:
