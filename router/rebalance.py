@@ -217,11 +217,11 @@ def placement_cost(d: DrafterView, drafters: Sequence[DrafterView], cfg: Rebalan
     return step * (1.0 + 0.5 * min(d.in_flight, 1)) * _load_factor(d, cfg) * (1.0 + 0.5 * occupancy)
 
 
-def move_cost(d: DrafterView, cfg: RebalanceConfig) -> float | None:
+def move_cost(d: DrafterView, cfg: RebalanceConfig, within_s: float | None = None) -> float | None:
     """The smoothed cost used to decide moves (no instantaneous in-flight count: it flickers
     round by round; queueing shows in the measured step time instead). None = not measured
-    within ``stale_s``."""
-    step = _known_step(d, cfg.stale_s)
+    within ``within_s`` (default ``stale_s``)."""
+    step = _known_step(d, cfg.stale_s if within_s is None else within_s)
     return None if step is None else step * _load_factor(d, cfg)
 
 
@@ -246,8 +246,9 @@ def assign_drafter(
     if not roomy:
         return Assignment(None, "none", "every drafter's KV slots are taken")
     if current is None:
-        # only where a move would not take it away at once: within the margin of the best measured
-        costs = {d.name: move_cost(d, cfg) for d in roomy}
+        # only where a move would not take it away: within the margin of the best measured (a
+        # drafter measured slow stays out until its measurement is forgotten)
+        costs = {d.name: move_cost(d, cfg, cfg.forget_s) for d in roomy}
         measured = [c for c in costs.values() if c is not None]
         limit = cfg.move_margin * min(measured) if measured else math.inf
         fit = [d for d in roomy if costs[d.name] is None or costs[d.name] <= limit]

@@ -122,13 +122,15 @@ class TargetBalance:
         return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0))
 
     def _draft_step(self, job: Job, steps: dict[str, float | None]) -> float:
-        """Seconds per draft step of the job's drafter now (the pool's measurement; before it has a
-        drafter, the best one's); 0 for local drafts."""
+        """Seconds per draft step the job will get (the pool's measurements): its drafter's, but no
+        more than the move margin x the best one's (beyond that the pool moves it); the best one's
+        before it has a drafter; 0 for local drafts."""
         if job.spec != "draft":
             return 0.0
         known = [s for s in steps.values() if s is not None]
+        best = min(known) if known else 0.0
         step = steps.get(job.drafter) if job.drafter is not None else None
-        return step if step is not None else (min(known) if known else 0.0)
+        return best if step is None else min(step, self.cfg.move_margin * best)
 
     def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
         """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
@@ -139,7 +141,7 @@ class TargetBalance:
         now = time.monotonic()
         acceptance = pooled_acceptance([self._evidence(j) for j in batch], self.pool)
         pool = self.s.drafting.pool
-        steps = {v.name: v.step_s for v in pool.views(now)} if pool is not None else {}
+        steps = {v.name: v.step_s for v in pool.views(now) if v.up} if pool is not None else {}
         jobs = [
             SpecJob(
                 a=a,
