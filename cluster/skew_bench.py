@@ -52,8 +52,8 @@ class SkewOptions:
     draft: str | None = None
     draft_noise: float = 0.01  # "tiny": the drafter's weight noise (0.01: accepted/drafted ~0.68 at k 4)
     slow_factor: float = 3.0
-    target_delay_s: float = 0.05
-    draft_delay_s: float = 0.01
+    target_delay_s: float = 0.1
+    draft_delay_s: float = 0.02
     concurrency: int = 4
     requests: int = 16
     max_tokens: int = 64

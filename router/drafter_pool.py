@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from router.config import RouterConfig
 from router.jobs import Job
 from router.metrics import Metrics
-from router.rebalance import DrafterView, assign_drafter
+from router.rebalance import REF_K, DrafterView, assign_drafter
 from router.workers import WorkerClient, WorkerUnavailable
+from specdec.core.request_state import LineFit
 from specdec.rpc import worker_pb2
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,10 @@ class _Waiter:
 @dataclass
 class _Drafter:
     client: WorkerClient
-    step_s: float | None = None
+    step_s: float | None = None  # at REF_K, from the line when there is one, else the EWMA per step
+    fixed_s: float = 0.0
     measured_at: float = -math.inf
+    waits: LineFit = field(default_factory=lambda: LineFit(0.1))  # a call's wait by its draft steps
     running: dict[int, tuple[float, int]] = field(default_factory=dict)  # call -> (start, draft steps)
     jobs: set[str] = field(default_factory=set)  # keys of the requests drafting here
     late: asyncio.Task | None = None  # a Propose that missed its round's deadline, still running
@@ -168,10 +171,18 @@ class DrafterPool:
         if not ok or steps <= 0:
             return
         now = time.monotonic()
-        sample = (now - (t0 if since is None else min(since, t0))) / steps
+        wait = now - (t0 if since is None else min(since, t0))
         fresh = now - d.measured_at <= self.policy.stale_s and d.step_s is not None
-        w = self.policy.latency_weight
-        d.step_s = (1 - w) * d.step_s + w * sample if fresh else sample
+        if not fresh:
+            d.waits = LineFit(0.1)  # a new regime (first call, or back after a long pause)
+        d.waits.add(float(steps), wait)
+        line = d.waits.line(at=0.0)
+        if line is not None and line[0] >= 0 and line[1] > 0:
+            d.fixed_s, d.step_s = line[0], (line[0] + line[1] * REF_K) / REF_K
+        else:  # no spread of k yet: the whole wait per step
+            w = self.policy.latency_weight
+            d.fixed_s = 0.0
+            d.step_s = (1 - w) * d.step_s + w * wait / steps if fresh else wait / steps
         d.measured_at = now
         self.metrics.drafter_step.labels(name).set(d.step_s)
 
@@ -199,6 +210,7 @@ class DrafterPool:
             up=c.up,
             step_s=step,
             age_s=age if step is not None else 0.0,
+            fixed_s=d.fixed_s,
             in_flight=len(d.running) + len(d.queue),
             load=tel.load if tel is not None else None,
             jobs=len(d.jobs),

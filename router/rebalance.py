@@ -63,6 +63,7 @@ __all__ = [
 ]
 
 LEVELS = ("shallow", "normal", "deep")
+REF_K = 4  # draft length at which drafters' step times are compared
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,10 @@ class RebalanceConfig:
 class DrafterView:
     """One drafter as the policy sees it.
 
-    step_s: measured seconds per draft step of a round on it, queueing included (EWMA, raised while
-      a call runs late); None = never measured. age_s: seconds since that measurement.
+    step_s: measured seconds per draft step of a round on it, queueing included, at a reference
+      draft length (raised while a call runs late); None = never measured. age_s: its age.
+    fixed_s: the part of a call's wait that does not grow with k (RPC, queueing): a Propose of k
+      steps waits about fixed_s + k x (step_s - fixed_s / k_ref); 0 until calls of different k.
     in_flight: Propose calls queued or running on it now (from every target).
     load: device load share from telemetry (DeviceSample.load), None = unknown.
     jobs / slots: requests it drafts for, and its KV slots (None = unbounded, e.g. n-gram).
@@ -168,6 +171,7 @@ class DrafterView:
     up: bool = True
     step_s: float | None = None
     age_s: float = 0.0
+    fixed_s: float = 0.0
     in_flight: int = 0
     load: float | None = None
     jobs: int = 0
@@ -176,6 +180,13 @@ class DrafterView:
     @property
     def has_room(self) -> bool:
         return self.slots is None or self.jobs < self.slots
+
+    def wait(self, k: int) -> float:
+        """Expected wait for a draft of k steps here (0 for k = 0 or unmeasured)."""
+        if k <= 0 or self.step_s is None:
+            return 0.0
+        per_step = max(0.0, self.step_s - self.fixed_s / REF_K)
+        return self.fixed_s + per_step * k
 
 
 @dataclass(frozen=True)
@@ -323,8 +334,8 @@ def _wanted_level(v: TargetView, level: str, cfg: RebalanceConfig) -> str:
     if sat is not None and sat >= hi:
         return "shallow"
     lo = cfg.low_utilization + (cfg.band if level == "deep" else 0.0)
-    if v.load <= lo and v.draft_wait_share <= cfg.deep_wait_share:
-        return "deep"
+    if v.load <= lo and v.draft_wait_share <= cfg.deep_wait_share and v.running > 0:
+        return "deep"  # (an idle target is not underused: it has nothing to verify)
     return "normal"
 
 
@@ -377,9 +388,9 @@ class SpecJob:
 
     a: its acceptance estimate; k: the draft length it would use if speculating (also while
     switched off; 0 = nothing to decide); auto: AUTO mode (the policy may switch it); off: switched
-    off now; changed_at: when it was last switched; draft_step_s: measured seconds per draft step
-    of its drafter, queueing included (0 = drafted locally, e.g. n-gram): the round waits for the
-    slowest of its drafts.
+    off now; changed_at: when it was last switched; draft_step_s / draft_fixed_s: what a draft of
+    k steps costs on its drafter, draft_fixed_s + k x draft_step_s, queueing included (0 = drafted
+    locally, e.g. n-gram): the round waits for the slowest of its drafts.
     """
 
     a: float
@@ -388,6 +399,7 @@ class SpecJob:
     off: bool = False
     changed_at: float = -math.inf
     draft_step_s: float = 0.0
+    draft_fixed_s: float = 0.0
 
 
 def pooled_acceptance(
@@ -407,13 +419,14 @@ def pooled_acceptance(
 
 def round_goodput(jobs: Sequence[SpecJob], off: Sequence[bool], cost: VerifyCost) -> float:
     """Tokens per second of one round: B tau / T(B (k + 1)) with per-request a and k, T = the verify
-    time of all rows plus the wait for the slowest draft (draft_step_s x k)."""
+    time of all rows plus the wait for the slowest draft (draft_fixed_s + draft_step_s x k)."""
     tokens, rows, wait = 0.0, 0, 0.0
     for j, o in zip(jobs, off):
         k = 0 if o else j.k
         tokens += expected_tokens(min(max(j.a, 0.0), 1.0), k)
         rows += k + 1
-        wait = max(wait, j.draft_step_s * k)
+        if k > 0:
+            wait = max(wait, j.draft_fixed_s + j.draft_step_s * k)
     return tokens / (cost.time(rows) + wait)
 
 

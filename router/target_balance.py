@@ -14,8 +14,10 @@ from typing import Any
 
 from router.jobs import Job
 from router.rebalance import (
+    REF_K,
     DepthPlan,
     DepthState,
+    DrafterView,
     SpecJob,
     TargetView,
     VerifyCost,
@@ -121,16 +123,15 @@ class TargetBalance:
             return None
         return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0))
 
-    def _draft_step(self, job: Job, steps: dict[str, float | None]) -> float:
-        """Seconds per draft step the job will get (the pool's measurements): its drafter's, but no
-        more than the move margin x the best one's (beyond that the pool moves it); the best one's
-        before it has a drafter; 0 for local drafts."""
-        if job.spec != "draft":
-            return 0.0
-        known = [s for s in steps.values() if s is not None]
-        best = min(known) if known else 0.0
-        step = steps.get(job.drafter) if job.drafter is not None else None
-        return best if step is None else min(step, self.cfg.move_margin * best)
+    def _drafter_for(self, job: Job, views: dict[str, DrafterView]) -> DrafterView | None:
+        """The drafter whose cost the job will see (the pool's measurements): its own, unless the
+        pool would move it (beyond the move margin of the best one) or it has none yet: the best."""
+        measured = [v for v in views.values() if v.step_s is not None]
+        best = min(measured, key=lambda v: v.step_s, default=None)
+        own = views.get(job.drafter) if job.drafter is not None else None
+        if own is None or own.step_s is None or (best is not None and own.step_s > self.cfg.move_margin * best.step_s):
+            return best
+        return own
 
     def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
         """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
@@ -141,7 +142,8 @@ class TargetBalance:
         now = time.monotonic()
         acceptance = pooled_acceptance([self._evidence(j) for j in batch], self.pool)
         pool = self.s.drafting.pool
-        steps = {v.name: v.step_s for v in pool.views(now) if v.up} if pool is not None else {}
+        views = {v.name: v for v in pool.views(now) if v.up} if pool is not None else {}
+        drafters = [self._drafter_for(j, views) if j.spec == "draft" else None for j in batch]
         jobs = [
             SpecJob(
                 a=a,
@@ -149,9 +151,10 @@ class TargetBalance:
                 auto=j.auto and j.spec != "off",
                 off=j.spec_off,
                 changed_at=j.spec_changed_at,
-                draft_step_s=self._draft_step(j, steps),
+                draft_step_s=(d.wait(REF_K) - d.fixed_s) / REF_K if d is not None else 0.0,
+                draft_fixed_s=d.fixed_s if d is not None else 0.0,
             )
-            for j, k, a in zip(batch, ks, acceptance)
+            for j, k, a, d in zip(batch, ks, acceptance, drafters)
         ]
         cost = self.cost()
         flags = plan_speculation(jobs, cost, now, self.cfg)  # unchanged without a measured cost
@@ -163,14 +166,14 @@ class TargetBalance:
             n_off = sum(off for _, off in changed)
             log.info(
                 "speculation by goodput on %s: %d request(s) off, %d back on (batch of %d; verify %.1f ms "
-                "+ %.2f ms/token, draft %s ms/step, acceptance %.2f..%.2f, k %s)",
+                "+ %.2f ms/token, drafts %s ms, acceptance %.2f..%.2f, k %s)",
                 self.s.target.name,
                 n_off,
                 len(changed) - n_off,
                 len(batch),
                 1000 * cost.t1,
                 1000 * cost.slope,
-                [round(1000 * j.draft_step_s, 1) for j in jobs],
+                [round(1000 * (j.draft_fixed_s + j.draft_step_s * j.k), 1) for j in jobs],
                 min(acceptance),
                 max(acceptance),
                 ks,

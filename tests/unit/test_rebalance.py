@@ -91,6 +91,12 @@ def test_placement_never_picks_a_drafter_a_move_would_leave_at_once():
     assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "b"
 
 
+def test_a_drafters_wait_is_fixed_plus_per_step():
+    d = DrafterView("a", step_s=0.0125, fixed_s=0.01)  # 10 ms per call + 10 ms per step
+    assert d.wait(1) == pytest.approx(0.02) and d.wait(4) == pytest.approx(0.05) and d.wait(0) == 0.0
+    assert DrafterView("b").wait(4) == 0.0  # unmeasured
+
+
 def test_full_and_down_drafters_get_no_new_requests():
     pool = [DrafterView("a", step_s=0.001, jobs=4, slots=4), DrafterView("b", step_s=0.05, jobs=0, slots=4)]
     assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "b"
@@ -183,13 +189,18 @@ def test_a_slowdown_shifts_every_request_once_and_they_stay():
 # ---- depth by device load ------------------------------------------------------------------------
 
 
-def _depth_trace(loads, share=0.0, dt=1.0, sm=None, growth=0.3):
+def _depth_trace(loads, share=0.0, dt=1.0, sm=None, growth=0.3, running=2):
     """Levels over a trace of device loads (no GPM unless ``sm``; verify cost growing with tokens
     by ``growth`` per token: compute-bound)."""
     st, levels = DepthState(), []
     for i, u in enumerate(loads):
         v = TargetView(
-            "t", load=u, sm_active=None if sm is None else sm[i], verify_growth=growth, draft_wait_share=share
+            "t",
+            load=u,
+            sm_active=None if sm is None else sm[i],
+            verify_growth=growth,
+            draft_wait_share=share,
+            running=running,
         )
         st = plan_depth(v, st, i * dt, CFG)
         levels.append(st.level)
@@ -202,8 +213,9 @@ def test_an_underused_target_goes_deep_after_enough_samples():
     assert levels[CFG.depth_samples - 1 :] == ["deep"] * (6 - CFG.depth_samples + 1)
     # but not while its rounds wait for slow drafts (longer drafts would make that worse)
     assert _depth_trace([0.1] * 6, share=0.6) == ["normal"] * 6
-    # no telemetry: no change
+    # no telemetry: no change; an idle target (nothing running) is not underused
     assert _depth_trace([None] * 6) == ["normal"] * 6
+    assert _depth_trace([0.0] * 6, running=0) == ["normal"] * 6
 
 
 def test_a_saturated_target_goes_shallow_and_a_spike_changes_nothing():
