@@ -127,8 +127,8 @@ def _drafted(router) -> dict[str, float]:
 
 
 def _reaction(bindings, cfg: ServeConfig, slow_handle, slow_delay: float, opts: SkewOptions) -> dict[str, Any]:
-    """Under load on a fresh rebalancing router, slow drafter 0 and time how long until a full
-    period passes with every draft on drafter 1."""
+    """Under load on a fresh rebalancing router, slow drafter 0 and time how long until drafter 0
+    gets less than a quarter of the drafts over one period (it had about half)."""
     import ray
 
     router = _router(bindings, cfg, enabled=True)
@@ -142,29 +142,38 @@ def _reaction(bindings, cfg: ServeConfig, slow_handle, slow_delay: float, opts: 
             time.sleep(0.05)
         if min(_drafted(router).values()) < 20:
             log.warning("reaction: the load did not use both drafters (%s)", _drafted(router))
+        share_before = _share(_drafted(router))
         ray.get(slow_handle.set_bench_step_delay.remote(slow_delay), timeout=30)
         t_slow = time.monotonic()
-        last, quiet_since = _drafted(router), None
+        history = [(t_slow, _drafted(router))]
         while time.monotonic() < t_slow + opts.reaction_timeout_s:
-            time.sleep(0.02)
-            now = _drafted(router)
-            if now["draft-0"] == last["draft-0"] and now["draft-1"] > last["draft-1"]:
-                quiet_since = quiet_since or time.monotonic()
-                if time.monotonic() - quiet_since >= opts.period_s:
-                    reaction = quiet_since - t_slow
-                    moves = router.metrics.sample("specdec_rebalance_actions_total", {"action": "draft_move"})
-                    return {
-                        "reaction_s": round(reaction, 3),
-                        "periods": round(reaction / opts.period_s, 2),
-                        "moves": moves,
-                    }
-            else:
-                quiet_since = None
-            last = now
+            time.sleep(0.05)
+            now = time.monotonic()
+            history.append((now, _drafted(router)))
+            if now - t_slow < opts.period_s:
+                continue
+            old = next(c for t, c in history if t >= now - opts.period_s)
+            window = {k: history[-1][1][k] - old[k] for k in old}
+            if sum(window.values()) >= 4 and _share(window) < 0.25:
+                reaction = now - t_slow
+                moves = router.metrics.sample("specdec_rebalance_actions_total", {"action": "draft_move"})
+                return {
+                    "reaction_s": round(reaction, 3),
+                    "periods": round(reaction / opts.period_s, 2),
+                    "moves": moves,
+                    "slow_share_before": round(share_before, 3),
+                    "slow_share_window": round(_share(window), 3),
+                }
         return {"reaction_s": None, "periods": None, "moves": None}
     finally:
         stop.set()
         router.stop(grace=0)
+
+
+def _share(counts: dict[str, float]) -> float:
+    """Drafter 0's share of the drafted sequences."""
+    total = sum(counts.values())
+    return counts["draft-0"] / total if total else 0.0
 
 
 def _until(stop: threading.Event, router, opts: SkewOptions) -> None:

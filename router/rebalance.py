@@ -181,12 +181,16 @@ class DrafterView:
     def has_room(self) -> bool:
         return self.slots is None or self.jobs < self.slots
 
+    @property
+    def per_step_s(self) -> float | None:
+        """Seconds each draft step adds (the device's speed, without RPC and queueing)."""
+        return None if self.step_s is None else max(0.0, self.step_s - self.fixed_s / REF_K)
+
     def wait(self, k: int) -> float:
         """Expected wait for a draft of k steps here (0 for k = 0 or unmeasured)."""
         if k <= 0 or self.step_s is None:
             return 0.0
-        per_step = max(0.0, self.step_s - self.fixed_s / REF_K)
-        return self.fixed_s + per_step * k
+        return self.fixed_s + self.per_step_s * k
 
 
 @dataclass(frozen=True)
@@ -229,11 +233,13 @@ def placement_cost(d: DrafterView, drafters: Sequence[DrafterView], cfg: Rebalan
 
 
 def move_cost(d: DrafterView, cfg: RebalanceConfig, within_s: float | None = None) -> float | None:
-    """The smoothed cost used to decide moves (no instantaneous in-flight count: it flickers
-    round by round; queueing shows in the measured step time instead). None = not measured
-    within ``within_s`` (default ``stale_s``)."""
-    step = _known_step(d, cfg.stale_s if within_s is None else within_s)
-    return None if step is None else step * _load_factor(d, cfg)
+    """The cost used to decide moves: the device's seconds per draft step (:attr:`DrafterView.
+    per_step_s`) x the load factor. Queueing is left out on purpose: it follows the placement
+    (moving requests onto a drafter makes it queue), so chasing it would make requests oscillate;
+    placement weighs queues instead. None = not measured within ``within_s`` (default ``stale_s``)."""
+    if _known_step(d, cfg.stale_s if within_s is None else within_s) is None:
+        return None
+    return max(d.per_step_s, 1e-6) * _load_factor(d, cfg)
 
 
 def assign_drafter(
