@@ -18,6 +18,7 @@ from specdec.core.params import InvalidParams
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import draft_to_proto, sequence_from_proto
 from specdec.rpc.errors import rpc_method
+from specdec.rpc.telemetry import WorkerMeter
 from specdec.rpc.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
         self.vocab_size, self.max_context, self.num_slots = vocab_size, max_context, num_slots
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
         self.lock = threading.Lock()
+        self.meter = WorkerMeter()  # busy time and telemetry (specdec.rpc.worker_host sets it up)
 
     @property
     def free_slots(self) -> int:
@@ -93,7 +95,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
         if not seqs:
             return worker_pb2.ProposeResponse()
         inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, s.k) for s in seqs]
-        with self.lock:
+        with self.lock, self.meter.compute(steps=max(i.k for i in inputs)):
             drafts = propose_within_k(self.drafter, inputs)
         return worker_pb2.ProposeResponse(drafts=[draft_to_proto(i.request_id, d) for i, d in zip(inputs, drafts)])
 
@@ -101,7 +103,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
     def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
         seqs = self._sequences(request.sequences)
         inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, 0) for s in seqs]
-        with self.lock:
+        with self.lock, self.meter.compute(steps=0):
             self.drafter.prefill(inputs)
             cached = [self._cached(s.request_id) for s in seqs]
         return worker_pb2.PrefillResponse(
@@ -120,7 +122,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
 
     @rpc_method
     def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:
-        return worker_pb2.WorkerInfo(**self.info_dict())
+        return worker_pb2.WorkerInfo(**self.info_dict(), telemetry=self.meter.telemetry())
 
 
 def build_draft_servicer(config: WorkerConfig | dict) -> DraftServicer:

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.rebalance import RebalanceConfig
 from specdec.core.prefill_plan import DEFAULT_BUDGET, DEFAULT_CHUNK
 from specdec.core.request_state import KPolicy
 from specdec.rpc.worker_config import strict_from_dict
@@ -63,6 +64,8 @@ class RouterConfig:
     recovery_timeout_s: how long requests wait for a restarted target before UNAVAILABLE.
     ngram_max / ngram_min: window of the router's local n-gram drafter.
     grace_s: on shutdown, time given to running requests before they end as "cancelled".
+    rebalance: :class:`router.rebalance.RebalanceConfig` fields: the shared drafter pool, depth by
+      device load, speculation off by goodput, routing by load; ``enabled: false`` = static pairing.
     """
 
     host: str = "127.0.0.1"
@@ -89,9 +92,11 @@ class RouterConfig:
     ngram_max: int = 3
     ngram_min: int = 1
     grace_s: float = 5.0
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
 
     def __post_init__(self) -> None:
         self.k_policy = kpolicy_from_dict(self.k_policy)
+        self.rebalance = RebalanceConfig.from_dict(self.rebalance)
         if self.default_mode not in ("draft", "ngram", "off"):
             raise ValueError(f"router.default_mode must be draft, ngram or off (got {self.default_mode!r})")
         if not isinstance(self.max_batched_tokens, int):

@@ -4,6 +4,11 @@ The router receives *where* the workers are (:class:`TargetBinding`: endpoints â
 handles or fixed addresses â€” plus the model names); creating the workers is the launcher's job
 (`cluster/`). It never imports torch, Ray, draft_worker or target_worker.
 
+The draft workers named by the bindings form one pool shared by every target
+(router/drafter_pool.py); a binding's drafter is its target's own only while the rebalancer is off
+(``rebalance.enabled: false``, static pairing). Requests go to the target replica with the least
+load per slot (router/rebalance.py:pick_target).
+
 :class:`Router` lives on an asyncio loop (``await router.start()`` / ``await router.stop()``);
 :class:`RouterThread` runs one on a background thread for synchronous callers (the launcher's
 main thread, tests).
@@ -23,7 +28,10 @@ import grpc
 
 from router.config import RouterConfig
 from router.detok import Detokenizer, resolve_model_dir
+from router.drafter_pool import DrafterPool
 from router.metrics import Metrics
+from router.rebalance import pick_target
+from router.rebalancer import Rebalancer
 from router.retry import worker_recovery_estimate
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
@@ -39,7 +47,8 @@ __all__ = ["TargetBinding", "Router", "RouterThread"]
 
 @dataclass
 class TargetBinding:
-    """One target worker and the draft worker that drafts for it.
+    """One target worker and its own draft worker (with the rebalancer on, a member of the pool
+    every target drafts from).
 
     model: the name clients use in ``GenerateRequest.model`` (and ListModels shows).
     tokenizer: pack name or folder with the target's ``tokenizer.json`` (default: ``model``);
@@ -64,7 +73,11 @@ class Router:
         self.metrics = metrics or Metrics()
         self.schedulers: list[TargetScheduler] = []
         self.targets: list[WorkerClient] = []
-        self.drafts: list[WorkerClient | None] = []
+        self.pool = DrafterPool(self.config, self.metrics)
+        self.draft_models: dict[str, str] = {}  # drafter name -> model name (ListModels)
+        self.rebalancer = Rebalancer(
+            lambda: self.targets + self.pool.clients, lambda: self.schedulers, self.config.rebalance, self.metrics
+        )
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
@@ -92,8 +105,10 @@ class Router:
         for b in self.bindings:
             self._detok(b.tokenizer or b.model)  # fail early on a missing tokenizer
             self.targets.append(WorkerClient(b.target, "target", on_state=self._on_state))
-            self.drafts.append(WorkerClient(b.draft, "draft", on_state=self._on_state) if b.draft else None)
-        for w in self.targets + [d for d in self.drafts if d is not None]:
+            if b.draft is not None and self.pool.client(b.draft.name) is None:
+                self.pool.add(WorkerClient(b.draft, "draft", on_state=self._on_state))
+                self.draft_models[b.draft.name] = b.draft_model or b.draft.name
+        for w in self.targets + self.pool.clients:
             self.metrics.worker_up.labels(w.role, w.name).set(0)
         await asyncio.gather(*(t.connect(connect_timeout) for t in self.targets))
 
@@ -103,12 +118,14 @@ class Router:
             except WorkerUnavailable as exc:
                 log.warning("%s; serving without it (fail open) until it answers", exc)
 
-        await asyncio.gather(*(connect_draft(d) for d in self.drafts if d is not None))
-        for b, t, d in zip(self.bindings, self.targets, self.drafts):
+        await asyncio.gather(*(connect_draft(d) for d in self.pool.clients))
+        for b, t in zip(self.bindings, self.targets):
             detok = self._detok(b.tokenizer or b.model)
-            sched = TargetScheduler(b.model, t, d, cfg, self.metrics, detok.decode)
+            home = b.draft.name if b.draft is not None else None
+            sched = TargetScheduler(b.model, t, self.pool, home, cfg, self.metrics, detok.decode)
             sched.start()
             self.schedulers.append(sched)
+        self.rebalancer.start()
         servicer = GenerationService(self)
         self.server, self.port = await start_aio_server(
             [(generate_pb2_grpc.add_GenerationServicer_to_server, servicer, SERVICE_NAME)],
@@ -131,9 +148,10 @@ class Router:
         if self.server is not None:
             await announce_aio_shutdown(self.server)  # flip health first: balancers stop sending
         await asyncio.gather(*(s.close(grace) for s in self.schedulers))
+        await self.rebalancer.stop()
         if self.server is not None:
             await self.server.stop(1.0)
-        for w in self.targets + [d for d in self.drafts if d is not None]:
+        for w in self.targets + self.pool.clients:
             await w.close()
         self.metrics.close()
 
@@ -170,15 +188,17 @@ class Router:
                 f"no target worker for {candidates[0].name!r} is available",
                 retry_after=min(worker_recovery_estimate(s.target) for s in candidates),
             )
-        return min(alive, key=lambda s: (not s.target.up, s.load))
+        route = pick_target([s.balance.view() for s in alive], self.config.rebalance)
+        if route.around:
+            self.metrics.rebalance_actions.labels("route_around").inc()
+            log.info("route_around: skipped a saturated target; request to %s", alive[route.index].target.name)
+        return alive[route.index]
 
     def list_models(self) -> generate_pb2.ListModelsResponse:
         out = generate_pb2.ListModelsResponse()
         seen: dict[tuple[str, str], generate_pb2.ModelInfo] = {}
         rows = [(b.model, "target", t) for b, t in zip(self.bindings, self.targets)]
-        rows += [
-            (b.draft_model or b.draft.name, "draft", d) for b, d in zip(self.bindings, self.drafts) if d is not None
-        ]
+        rows += [(self.draft_models.get(d.name, d.name), "draft", d) for d in self.pool.clients]
         for name, role, w in rows:
             info = w.info
             m = seen.get((name, role))

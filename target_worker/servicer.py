@@ -21,6 +21,7 @@ from specdec.core.target import TargetVerifier, VerifyItem
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import WireSequence, draft_from_proto, outcome_to_proto, sequence_from_proto
 from specdec.rpc.errors import RpcStatusError, rpc_method
+from specdec.rpc.telemetry import WorkerMeter
 from specdec.rpc.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
         self.lock = threading.Lock()  # one model, one forward at a time
         self._tok_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
+        self.meter = WorkerMeter()  # busy time and telemetry (specdec.rpc.worker_host sets it up)
 
     # ---- helpers -----------------------------------------------------------------------------
     def _check_context(self, seq: WireSequence, extra: int, field: str) -> None:
@@ -100,7 +102,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             self._check_context(s, 0, "sequences.tokens")
         if not seqs:
             return worker_pb2.PrefillResponse()
-        with self.lock:
+        with self.lock, self.meter.compute():
             self._check_capacity([s.request_id for s in seqs])
             self.verifier.prefill([(s.request_id, s.tokens, s.params) for s in seqs])
             cached = [self.runner.lengths[self.verifier.slots[s.request_id]] for s in seqs]
@@ -125,7 +127,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         _unique_ids((i.request_id for i in items), "items.sequence.request_id")
         if not items:
             return worker_pb2.VerifyResponse()
-        with self.lock:
+        with self.lock, self.meter.compute():
             self._check_capacity([i.request_id for i in items])
             results = self.verifier.verify(items)
         return worker_pb2.VerifyResponse(outcomes=[outcome_to_proto(i.request_id, r) for i, r in zip(items, results)])
@@ -153,7 +155,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
 
     @rpc_method
     def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:
-        return worker_pb2.WorkerInfo(**self.info_dict())
+        return worker_pb2.WorkerInfo(**self.info_dict(), telemetry=self.meter.telemetry())
 
 
 def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:

@@ -16,6 +16,7 @@ from typing import Any
 from specdec.core.draft_options import add_draft_option_flags, draft_option_overrides
 from specdec.core.dtypes import DTYPE_NAMES
 from specdec.rpc.server import Registration, hostport, serve_until_signal, set_serving, start_server, stop_server
+from specdec.rpc.telemetry import TelemetryConfig, TelemetrySampler, WorkerMeter
 from specdec.rpc.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,8 @@ def ray_facts() -> dict:
 class WorkerHost:
     """A servicer served on its own gRPC server: what the worker actors and entry points share.
 
-    ``info_source`` is the servicer (its ``info_dict()`` describes the model and capacity).
+    ``info_source`` is the servicer (its ``info_dict()`` describes the model and capacity; its
+    ``meter``, a :class:`specdec.rpc.telemetry.WorkerMeter`, gets the device telemetry sampler).
     """
 
     role = "worker"
@@ -149,6 +151,11 @@ class WorkerHost:
         self.config = config
         self.info_source = info_source
         self.facts = ray_facts()
+        self.meter: WorkerMeter = info_source.meter
+        self.meter.bench_step_delay_s = config.bench_step_delay_s
+        tcfg = TelemetryConfig.from_dict(config.telemetry)
+        self.telemetry = TelemetrySampler(config.device, self.meter, tcfg).start() if tcfg.enabled else None
+        self.meter.sampler = self.telemetry
         self.server, self.port = start_server(
             register, host=config.host, port=config.port, max_workers=config.grpc_threads
         )
@@ -177,8 +184,14 @@ class WorkerHost:
             "pid": os.getpid(),
             "started_at": self.started_at,
             "draining": self.draining,
+            "telemetry": dataclasses.asdict(self.telemetry.latest) if self.telemetry else None,
             **self.facts,
         }
+
+    def set_bench_step_delay(self, seconds: float) -> None:
+        """TEST/BENCHMARK KNOB: make every model step ``seconds`` slower from now on (0 = off)."""
+        self.meter.bench_step_delay_s = max(0.0, float(seconds))
+        log.warning("%s worker %s: bench step delay set to %.3f s", self.role, self.config.model, seconds)
 
     def drain(self) -> None:
         """Report NOT_SERVING (routers stop sending new work); RPCs are still answered."""
@@ -189,6 +202,8 @@ class WorkerHost:
         """Stop the gRPC server (in-flight RPCs get ``grace`` seconds)."""
         self.draining = True
         stop_server(self.server, grace)
+        if self.telemetry is not None:
+            self.telemetry.stop()
 
 
 def worker_main(argv: list[str] | None, role: str, description: str, make_worker: Callable[[WorkerConfig], Any]) -> int:
