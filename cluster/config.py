@@ -62,7 +62,7 @@ class PoolConfig:
     replicas: int = 1
     placement: dict | None = None
     name: str | None = None  # the model name clients use (default: worker.model)
-    tokenizer: str | None = None  # target only: where tokenizer.json is (default: worker.model)
+    tokenizer: str | None = None  # target only: a local tokenizer.json folder (default: the worker sends it)
 
     @property
     def model_name(self) -> str:

@@ -158,7 +158,7 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
                     target=ActorEndpoint(t, name=f"target-{i}"),
                     draft=ActorEndpoint(d, name=f"draft-{i % len(dep.drafts)}") if d is not None else None,
                     draft_model=cfg.draft.model_name if cfg.draft else None,
-                    tokenizer=cfg.target.tokenizer or cfg.target.worker.model,
+                    tokenizer=cfg.target.tokenizer,  # None: the target worker sends it (GetTokenizer)
                 )
             )
         dep.router = RouterThread(bindings, cfg.router).start(connect_timeout)

@@ -34,8 +34,10 @@ from router.rebalance import pick_target
 from router.rebalancer import Rebalancer
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
+from router.tokenizer_link import drafter_mismatch, fetch_detokenizer
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
 from specdec.core.params import InvalidParams
+from specdec.core.tokenizer_spec import vocab_fingerprint
 from specdec.rpc import generate_pb2, generate_pb2_grpc
 from specdec.rpc.errors import RpcStatusError
 from specdec.rpc.server import announce_aio_shutdown, start_aio_server
@@ -82,9 +84,19 @@ class Router:
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._detoks: dict[Path, Detokenizer] = {}
+        self.target_fingerprints: dict[str, str] = {}  # target name -> tokenizer fingerprint
+        self.refused: dict[str, str] = {}  # drafter name -> why (tokenizer mismatch)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def _on_state(self, w: WorkerClient) -> None:
+        if w.role == "draft" and w.up and w.info is not None:
+            why = drafter_mismatch(w.info.tokenizer_fingerprint, w.name, self.target_fingerprints)
+            if why is not None:  # checked at start-up and at every (re)join
+                log.error("%s", why)
+                self.refused[w.name] = why
+                self.pool.remove(w.name)
+                w.up = False
+                asyncio.get_running_loop().create_task(w.close())
         self.metrics.worker_up.labels(w.role, w.name).set(1 if w.up else 0)
         if w.up and w.restarts:
             seen = getattr(w, "_restarts_seen", 0)
@@ -98,12 +110,23 @@ class Router:
             self._detoks[path] = Detokenizer(path)
         return self._detoks[path]
 
+    async def _target_detok(self, b: TargetBinding, t: WorkerClient) -> Detokenizer:
+        """A local tokenizer when the binding names one, else the target's own (GetTokenizer)."""
+        if b.tokenizer is not None:
+            detok = self._detok(b.tokenizer)
+            fingerprint = vocab_fingerprint(detok.vocab())
+        else:
+            detok, fingerprint = await fetch_detokenizer(t, self.config.rpc_timeout_s)
+        self.target_fingerprints[t.name] = fingerprint
+        return detok
+
     async def start(self, connect_timeout: float = 600.0) -> None:
         """Connect to every worker (targets must answer within ``connect_timeout``; a draft
         worker that does not is used once it does), then serve gRPC and /metrics."""
         cfg = self.config
         for b in self.bindings:
-            self._detok(b.tokenizer or b.model)  # fail early on a missing tokenizer
+            if b.tokenizer is not None:
+                self._detok(b.tokenizer)  # fail early on a missing local tokenizer
             self.targets.append(WorkerClient(b.target, "target", on_state=self._on_state))
             if b.draft is not None and self.pool.client(b.draft.name) is None:
                 self.pool.add(WorkerClient(b.draft, "draft", on_state=self._on_state))
@@ -111,6 +134,7 @@ class Router:
         for w in self.targets + self.pool.clients:
             self.metrics.worker_up.labels(w.role, w.name).set(0)
         await asyncio.gather(*(t.connect(connect_timeout) for t in self.targets))
+        detoks = [await self._target_detok(b, t) for b, t in zip(self.bindings, self.targets)]
 
         async def connect_draft(d: WorkerClient) -> None:
             try:
@@ -119,8 +143,7 @@ class Router:
                 log.warning("%s; serving without it (fail open) until it answers", exc)
 
         await asyncio.gather(*(connect_draft(d) for d in self.pool.clients))
-        for b, t in zip(self.bindings, self.targets):
-            detok = self._detok(b.tokenizer or b.model)
+        for b, t, detok in zip(self.bindings, self.targets, detoks):
             home = b.draft.name if b.draft is not None else None
             sched = TargetScheduler(b.model, t, self.pool, home, cfg, self.metrics, detok.decode)
             sched.start()
