@@ -7,7 +7,8 @@ capacity simulator can run them unchanged. The router applies the decisions thro
 
 * Draft pool grows when targets wait on drafts (a draft-wait share of the round above
   ``draft_wait_share_up``: waiting longer than verifying) while the drafters are saturated (device
-  load at least ``drafter_busy``, or every KV slot taken).
+  load at least ``drafter_busy``, or every KV slot taken), or when it has no drafter at all while
+  requests run (scaled to zero).
 * Target pool grows when the queue outgrows what the replicas drain: more than
   ``scale_up_queue`` waiting requests per replica.
 * A pool shrinks by one when it has stayed underused for ``scale_down_after_s``: the replica with
@@ -183,7 +184,9 @@ def draft_observation(
     wait = max((t.draft_wait_share for t in live), default=0.0)
     busy = [d for d in serving if (d.load is not None and d.load >= cfg.drafter_busy) or not d.has_room]
     short = wait > cfg.draft_wait_share_up
-    pressured = short and bool(serving) and len(busy) == len(serving)
+    work = sum(t.waiting + t.running for t in live)
+    # no drafter at all (a pool scaled to zero) while requests run: they decode without drafts
+    pressured = (short and bool(serving) and len(busy) == len(serving)) or (not serving and work > 0)
     loads = [d.load if d.load is not None else float(d.in_flight > 0) for d in serving]
     occupancy = [d.jobs / d.slots for d in serving if d.slots]
     underused = bool(serving) and not short and _mean(loads) < cfg.low_load and _mean(occupancy) < cfg.low_occupancy

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 
+from router.autoscaler import Autoscaler, PoolActuator
 from router.config import RouterConfig
 from router.detok import Detokenizer, resolve_model_dir
 from router.drafter_pool import DrafterPool
@@ -34,7 +35,7 @@ from router.rebalance import pick_target
 from router.rebalancer import Rebalancer
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
-from router.tokenizer_link import drafter_mismatch, fetch_detokenizer
+from router.tokenizer_link import TokenizerMismatch, drafter_mismatch, fetch_detokenizer
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
 from specdec.core.params import InvalidParams
 from specdec.core.tokenizer_spec import vocab_fingerprint
@@ -66,7 +67,11 @@ class TargetBinding:
 
 class Router:
     def __init__(
-        self, bindings: Sequence[TargetBinding], config: RouterConfig | None = None, metrics: Metrics | None = None
+        self,
+        bindings: Sequence[TargetBinding],
+        config: RouterConfig | None = None,
+        metrics: Metrics | None = None,
+        actuator: PoolActuator | None = None,
     ):
         if not bindings:
             raise ValueError("the router needs at least one target worker")
@@ -86,6 +91,10 @@ class Router:
         self._detoks: dict[Path, Detokenizer] = {}
         self.target_fingerprints: dict[str, str] = {}  # target name -> tokenizer fingerprint
         self.refused: dict[str, str] = {}  # drafter name -> why (tokenizer mismatch)
+        self.draining: set[str] = set()  # target replicas taking no new requests (router/autoscaler.py)
+        self.autoscaler = (
+            Autoscaler(self, actuator, self.config.scaling) if actuator and self.config.scaling.enabled else None
+        )
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def _on_state(self, w: WorkerClient) -> None:
@@ -149,6 +158,8 @@ class Router:
             sched.start()
             self.schedulers.append(sched)
         self.rebalancer.start()
+        if self.autoscaler is not None:
+            self.autoscaler.start(cfg.rebalance.period_s)
         servicer = GenerationService(self)
         self.server, self.port = await start_aio_server(
             [(generate_pb2_grpc.add_GenerationServicer_to_server, servicer, SERVICE_NAME)], cfg.host, cfg.port
@@ -169,6 +180,8 @@ class Router:
             await announce_aio_shutdown(self.server)  # flip health first: balancers stop sending
         await asyncio.gather(*(s.close(grace) for s in self.schedulers))
         await self.rebalancer.stop()
+        if self.autoscaler is not None:
+            await self.autoscaler.stop()
         if self.server is not None:
             await self.server.stop(1.0)
         for w in self.targets + self.pool.clients:
@@ -179,6 +192,65 @@ class Router:
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
+    # ---- pool membership (router/autoscaler.py) -------------------------------------------------
+    async def add_target(self, endpoint: Endpoint, timeout: float) -> None:
+        """A new target replica of the first model: connected, tokenizer checked, then routed to."""
+        b0 = self.bindings[0]
+        b = TargetBinding(model=b0.model, target=endpoint, tokenizer=b0.tokenizer)
+        t = WorkerClient(endpoint, "target", on_state=self._on_state)
+        try:
+            await t.connect(timeout)
+            detok = await self._target_detok(b, t)
+        except BaseException:
+            await t.close()
+            raise
+        ref = self.target_fingerprints.get(self.targets[0].name) if self.targets else None
+        if ref is not None and self.target_fingerprints[t.name] != ref:
+            del self.target_fingerprints[t.name]
+            await t.close()
+            raise TokenizerMismatch(f"target replica {t.name} has another tokenizer than {self.targets[0].name}")
+        sched = TargetScheduler(b.model, t, self.pool, None, self.config, self.metrics, detok.decode)
+        sched.start()
+        self.bindings.append(b)
+        self.targets.append(t)
+        self.schedulers.append(sched)
+
+    async def add_drafter(self, endpoint: Endpoint, timeout: float) -> None:
+        """A new drafter in the shared pool (refused on a tokenizer mismatch when it comes up)."""
+        d = WorkerClient(endpoint, "draft", on_state=self._on_state)
+        self.draft_models[d.name] = next(iter(self.draft_models.values()), d.name)
+        self.pool.add(d)
+        try:
+            await d.connect(timeout)
+        except BaseException:
+            self.pool.remove(d.name)
+            await d.close()
+            raise
+        if d.name in self.refused:
+            raise TokenizerMismatch(self.refused[d.name])
+
+    def replica_busy(self, pool: str, name: str) -> bool:
+        """Whether a draining replica still has work (requests queued or running; Proposes in flight)."""
+        if pool == "target":
+            return any(s.load() > 0 for s in self.schedulers if s.target.name == name)
+        return any(v.in_flight > 0 for v in self.pool.views() if v.name == name)
+
+    async def remove_replica(self, pool: str, name: str) -> None:
+        if pool == "draft":
+            client = self.pool.client(name)
+            self.pool.remove(name)
+            if client is not None:
+                await client.close()
+            return
+        for i, s in enumerate(self.schedulers):
+            if s.target.name == name:
+                del self.schedulers[i], self.targets[i], self.bindings[i]
+                await s.close(self.config.grace_s)
+                await s.target.close()
+                break
+        self.draining.discard(name)
+        self.target_fingerprints.pop(name, None)
+
     # ---- routing -------------------------------------------------------------------------------
     def model_names(self) -> list[str]:
         return list(dict.fromkeys(b.model for b in self.bindings))
@@ -187,6 +259,8 @@ class Router:
         """The least-loaded scheduler serving ``model`` ("" = the first model)."""
         name = model or self.bindings[0].model
         candidates = [s for s in self.schedulers if s.name == name]
+        open_ = [s for s in candidates if s.target.name not in self.draining]
+        candidates = open_ or candidates  # a draining replica serves only when it is the last one
         if not candidates:
             raise InvalidParams("model", f"unknown model {model!r}; this server has {', '.join(self.model_names())}")
         limit = self.config.recovery_timeout_s
@@ -227,8 +301,13 @@ class Router:
 class RouterThread:
     """A :class:`Router` on its own event loop in a daemon thread (for synchronous callers)."""
 
-    def __init__(self, bindings: Sequence[TargetBinding], config: RouterConfig | None = None):
-        self.router = Router(bindings, config)
+    def __init__(
+        self,
+        bindings: Sequence[TargetBinding],
+        config: RouterConfig | None = None,
+        actuator: PoolActuator | None = None,
+    ):
+        self.router = Router(bindings, config, actuator=actuator)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="specdec-router", daemon=True)
 

@@ -50,6 +50,9 @@ def test_draft_pressure_needs_draft_wait_and_saturated_drafters():
     assert draft_observation(waiting, full, CFG).pressured
     # drafters saturated but targets do not wait on them: no draft replica
     assert not draft_observation([TargetView("t0", draft_wait_share=0.2)], busy, CFG).pressured
+    # scaled to zero: any running request asks for a drafter; an idle service does not
+    assert draft_observation([TargetView("t0", running=1)], [], CFG).pressured
+    assert not draft_observation([TargetView("t0")], [], CFG).pressured
     # a draining drafter does not count as serving
     obs = draft_observation(waiting, busy, CFG, draining=["d1"])
     assert obs.serving == 1 and obs.draining == 1
