@@ -34,6 +34,7 @@ class Deployment:
     targets: list = field(default_factory=list)
     drafts: list = field(default_factory=list)
     started_ray: bool = False
+    actuator: Any = None  # cluster.pool_actuator.RayPoolActuator when router.scaling is on
 
     @property
     def address(self) -> str:
@@ -48,6 +49,8 @@ class Deployment:
 
         if self.router is not None:
             self.router.stop(grace)
+        if self.actuator is not None:
+            self.actuator.stop()  # replicas the autoscaler added, and the resource request
         for h in self.targets + self.drafts:
             try:
                 ray.kill(h, no_restart=True)
@@ -161,7 +164,13 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
                     tokenizer=cfg.target.tokenizer,  # None: the target worker sends it (GetTokenizer)
                 )
             )
-        dep.router = RouterThread(bindings, cfg.router).start(connect_timeout)
+        if cfg.router.scaling.enabled:
+            from cluster.pool_actuator import RayPoolActuator
+
+            initial = {f"target-{i}": ("target", h) for i, h in enumerate(dep.targets)}
+            initial.update({f"draft-{i}": ("draft", h) for i, h in enumerate(dep.drafts)})
+            dep.actuator = RayPoolActuator(cfg, initial)
+        dep.router = RouterThread(bindings, cfg.router, actuator=dep.actuator).start(connect_timeout)
     except BaseException:
         dep.stop(grace=0)
         raise

@@ -232,7 +232,7 @@ class Router:
     def replica_busy(self, pool: str, name: str) -> bool:
         """Whether a draining replica still has work (requests queued or running; Proposes in flight)."""
         if pool == "target":
-            return any(s.load() > 0 for s in self.schedulers if s.target.name == name)
+            return any(s.load > 0 for s in self.schedulers if s.target.name == name)
         return any(v.in_flight > 0 for v in self.pool.views() if v.name == name)
 
     async def remove_replica(self, pool: str, name: str) -> None:
