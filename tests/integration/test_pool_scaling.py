@@ -68,7 +68,7 @@ def deployment(ray_cluster, tiny_paths):
                     "scale_up_queue": 1,
                     "up_samples": 1,
                     "cooldown_s": 0.5,
-                    "scale_down_after_s": 2.0,
+                    "scale_down_after_s": 8.0,  # longer than the gap between the two bursts
                     "launch_timeout_s": 120,
                 },
             },
@@ -96,6 +96,7 @@ def test_burst_grows_the_target_pool_and_it_shrinks_back(deployment, tiny_paths,
             results[i] = client.generate(PROMPTS[i % len(PROMPTS)], max_tokens=N_TOK, ignore_eos=True, timeout=120)
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(N_REQ)]
+        t_burst = time.monotonic()
         for t in threads:
             t.start()
         _wait(lambda: any(a == "joined_target" for _, a, _ in scaler.events), 90, "a second target replica")
@@ -109,9 +110,11 @@ def test_burst_grows_the_target_pool_and_it_shrinks_back(deployment, tiny_paths,
         for t in more:
             t.join(120)
         served = {s.target.name: s.served for s in router.schedulers}
+        new = next(s for s in router.schedulers if s.target.name != "target-0")
+        t_end = time.monotonic()
         assert len(results) == 2 * N_REQ
         # shrink back to min_replicas once idle
-        _wait(lambda: len(router.targets) == 1 and not scaler.draining, 60, "the pool back at 1 target")
+        _wait(lambda: len(router.targets) == 1 and not scaler.draining, 90, "the pool back at 1 target")
 
     actions = [a for _, a, _ in scaler.events]
     assert "scale_up_target" in actions and "drain_target" in actions and "removed_target" in actions
@@ -130,3 +133,11 @@ def test_burst_grows_the_target_pool_and_it_shrinks_back(deployment, tiny_paths,
     _wait(lambda: ray.available_resources().get("target_gpu", 0) >= 1, 30, "the retired actor's resources")
     launch = next(x for x in deployment.actuator.launches if x.pool == "target")
     assert launch.ready_at is not None and launch.failed is None
+    at = {a: t for t, a, _ in scaler.events}
+    figures = {  # bench/NOTES.md
+        "policy_reaction_s": at["scale_up_target"] - t_burst,
+        "actor_start_s": launch.ready_at - launch.asked_at,
+        "first_served_by_new_replica_s": new.first_served_at - t_burst,
+        "scale_down_s": at["removed_target"] - t_end,
+    }
+    print("FIGURES", {k: round(v, 2) for k, v in figures.items()})
