@@ -65,7 +65,7 @@ class PoolConfig:
     replicas: int = 1
     placement: dict | None = None
     name: str | None = None  # the model name clients use (default: worker.model)
-    tokenizer: str | None = None  # target only: where tokenizer.json is (default: worker.model)
+    tokenizer: str | None = None  # target only: a local tokenizer.json folder (default: the worker sends it)
     # Target only: ranks per worker (one placement-group bundle each, all on one node); they split
     # the worker's threads. A collective waiting longer than tp_timeout_s restarts the group.
     tensor_parallel: int = 1

@@ -36,6 +36,7 @@ class Deployment:
     targets: list = field(default_factory=list)
     drafts: list = field(default_factory=list)
     started_ray: bool = False
+    actuator: Any = None  # cluster.pool_actuator.RayPoolActuator when router.scaling is on
 
     @property
     def address(self) -> str:
@@ -50,6 +51,8 @@ class Deployment:
 
         if self.router is not None:
             self.router.stop(grace)
+        if self.actuator is not None:
+            self.actuator.stop()  # replicas the autoscaler added, and the resource request
         for h in self.targets + self.drafts:
             try:
                 ray.kill(h, no_restart=True)
@@ -180,10 +183,16 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
                     target=ActorEndpoint(t, name=f"target-{i}"),
                     draft=ActorEndpoint(d, name=f"draft-{i % len(dep.drafts)}") if d is not None else None,
                     draft_model=cfg.draft.model_name if cfg.draft else None,
-                    tokenizer=cfg.target.tokenizer or cfg.target.worker.model,
+                    tokenizer=cfg.target.tokenizer,  # None: the target worker sends it (GetTokenizer)
                 )
             )
-        dep.router = RouterThread(bindings, cfg.router).start(connect_timeout)
+        if cfg.router.scaling.enabled:
+            from cluster.pool_actuator import RayPoolActuator
+
+            initial = {f"target-{i}": ("target", h) for i, h in enumerate(dep.targets)}
+            initial.update({f"draft-{i}": ("draft", h) for i, h in enumerate(dep.drafts)})
+            dep.actuator = RayPoolActuator(cfg, initial)
+        dep.router = RouterThread(bindings, cfg.router, actuator=dep.actuator).start(connect_timeout)
     except BaseException:
         dep.stop(grace=0)
         raise

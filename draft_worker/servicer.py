@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from specdec.core.drafters import Drafter, DraftInput, ModelDrafter, propose_within_k
 from specdec.core.params import InvalidParams
+from specdec.core.tokenizer_spec import vocab_fingerprint
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import draft_to_proto, sequence_from_proto
 from specdec.rpc.errors import rpc_method
@@ -43,8 +44,10 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
         max_context: int,
         num_slots: int,
         eos_token_ids: Iterable[int] = (),
+        tokenizer_fingerprint: str = "",
     ):
         self.drafter = drafter
+        self.tokenizer_fingerprint = tokenizer_fingerprint  # empty: no tokenizer (n-gram)
         self.runner = getattr(drafter, "runner", None)
         self.model_name, self.dtype, self.device = model_name, dtype, device
         self.vocab_size, self.max_context, self.num_slots = vocab_size, max_context, num_slots
@@ -71,6 +74,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
             "num_slots": self.num_slots,
             "free_slots": self.free_slots,
             "eos_token_ids": list(self.eos_token_ids),
+            "tokenizer_fingerprint": self.tokenizer_fingerprint,
         }
 
     def _sequences(self, protos) -> list:
@@ -172,4 +176,5 @@ def build_draft_servicer(config: WorkerConfig | dict) -> DraftServicer:
         max_context=cfg.max_len,
         num_slots=cfg.num_slots,
         eos_token_ids=loaded.eos_token_ids,
+        tokenizer_fingerprint=vocab_fingerprint(loaded.tokenizer.get_vocab()),
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.rebalance import RebalanceConfig
+from router.scaling import ScaleConfig
 from specdec.core.prefill_plan import DEFAULT_BUDGET, DEFAULT_CHUNK
 from specdec.core.request_state import KPolicy
 from specdec.rpc.worker_config import strict_from_dict
@@ -66,6 +67,7 @@ class RouterConfig:
     grace_s: on shutdown, time given to running requests before they end as "cancelled".
     rebalance: :class:`router.rebalance.RebalanceConfig` fields: the shared drafter pool, depth by
       device load, speculation off by goodput, routing by load; ``enabled: false`` = static pairing.
+    scaling: :class:`router.scaling.ScaleConfig` fields: pool sizes (off unless ``enabled``).
     """
 
     host: str = "127.0.0.1"
@@ -93,10 +95,12 @@ class RouterConfig:
     ngram_min: int = 1
     grace_s: float = 5.0
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
+    scaling: ScaleConfig = field(default_factory=ScaleConfig)
 
     def __post_init__(self) -> None:
         self.k_policy = kpolicy_from_dict(self.k_policy)
         self.rebalance = RebalanceConfig.from_dict(self.rebalance)
+        self.scaling = ScaleConfig.from_dict(self.scaling)
         if self.default_mode not in ("draft", "ngram", "off"):
             raise ValueError(f"router.default_mode must be draft, ngram or off (got {self.default_mode!r})")
         if not isinstance(self.max_batched_tokens, int):

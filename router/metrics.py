@@ -170,6 +170,12 @@ class Metrics:
             "specdec_worker_rss_bytes", "Worker process resident memory", ["worker", "role"], registry=r
         )
         self.worker_threads = Gauge("specdec_worker_threads", "Worker process threads", ["worker", "role"], registry=r)
+        self.pool_replicas = Gauge(
+            "specdec_pool_replicas",
+            "Replicas per pool (state: serving, pending, draining)",
+            ["pool", "state"],
+            registry=r,
+        )
         self.rebalance_actions = Counter(
             "specdec_rebalance_actions", "Actions taken by the rebalancer", ["action"], registry=r
         )

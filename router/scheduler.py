@@ -96,6 +96,8 @@ class TargetScheduler:
             self.capacity = min(self.capacity, int(own.info.num_slots))
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
+        self.served = 0  # requests completed here (autoscaling: a new replica serves)
+        self.first_served_at: float | None = None  # monotonic
         self._wake = asyncio.Event()
         self._closing = False
         self._lanes: list[asyncio.Task] = []
@@ -436,6 +438,9 @@ class TargetScheduler:
                 if n > 1:
                     m.tpot.observe((job.t_last - job.t_first) / (n - 1))
                 m.duration.observe(job.t_last - job.t_arrival)
+            self.served += 1
+            if self.first_served_at is None:
+                self.first_served_at = time.monotonic()
         job.outcome = outcome
         m.requests.labels(outcome or "cancelled").inc()
 

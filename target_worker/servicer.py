@@ -1,4 +1,4 @@
-"""specdec.v1.TargetService over a TargetVerifier: Prefill, Verify, Release, Tokenize, Info.
+"""specdec.v1.TargetService over a TargetVerifier: Prefill, Verify, Release, Tokenize, Info, GetTokenizer.
 
 The servicer is a thin shell: it decodes and validates the messages (bad input is refused before
 the model is touched, so a bad item never leaves a batch half done), holds one lock around the
@@ -18,6 +18,7 @@ from specdec.core.params import InvalidParams
 from specdec.core.prompts import encode_prompt
 from specdec.core.runner import ContextFull, SlotsExhausted
 from specdec.core.target import TargetVerifier, VerifyItem
+from specdec.core.tokenizer_spec import TokenizerSpec, export_tokenizer
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import WireSequence, draft_from_proto, outcome_to_proto, sequence_from_proto
 from specdec.rpc.errors import RpcStatusError, rpc_method
@@ -58,6 +59,14 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         self.lock = threading.Lock()  # one model, one forward at a time
         self._tok_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
         self.meter = WorkerMeter()  # busy time and telemetry (specdec.rpc.worker_host sets it up)
+        self._tok_spec: TokenizerSpec | None = None
+
+    @property
+    def tokenizer_spec(self) -> TokenizerSpec:
+        if self._tok_spec is None:  # exported once: the tokenizer never changes
+            with self._tok_lock:
+                self._tok_spec = export_tokenizer(self.tokenizer, self.eos_token_ids)
+        return self._tok_spec
 
     # ---- helpers -----------------------------------------------------------------------------
     def _check_context(self, seq: WireSequence, extra: int, field: str) -> None:
@@ -90,6 +99,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             "free_slots": self.verifier.free_slots,
             "eos_token_ids": list(self.eos_token_ids),
             "has_chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
+            "tokenizer_fingerprint": self.tokenizer_spec.fingerprint,
         }
 
     # ---- RPCs --------------------------------------------------------------------------------
@@ -156,6 +166,18 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
     @rpc_method
     def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:
         return worker_pb2.WorkerInfo(**self.info_dict(), telemetry=self.meter.telemetry())
+
+    @rpc_method
+    def GetTokenizer(self, request: worker_pb2.GetTokenizerRequest, context) -> worker_pb2.GetTokenizerResponse:
+        spec = self.tokenizer_spec
+        return worker_pb2.GetTokenizerResponse(
+            tokenizer_json=spec.tokenizer_json,
+            chat_template=spec.chat_template,
+            special_token_ids=spec.special_token_ids,
+            eos_token_ids=spec.eos_token_ids,
+            fingerprint=spec.fingerprint,
+            clean_up_tokenization_spaces=spec.clean_up_tokenization_spaces,
+        )
 
 
 def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:
