@@ -21,6 +21,7 @@ import grpc
 from router.config import RouterConfig
 from router.jobs import Job, PreDraft
 from router.metrics import Metrics
+from router.policy import draft_deadline, predraft_k
 from router.workers import WorkerClient, WorkerUnavailable
 from specdec.core.ngram import NgramDrafter
 from specdec.core.params import VerifyMode
@@ -168,10 +169,7 @@ class DraftSource:
         """How long a round waits for its drafts: ``draft_deadline_factor`` x (k + 1) recent verify
         times (a draft slower than that cannot pay for itself), within [draft_deadline_min_s,
         draft_deadline_s]; ``draft_deadline_s`` until a verify time has been measured."""
-        cap = self.cfg.draft_deadline_s
-        if self.verify_ema is None or self.cfg.draft_deadline_factor <= 0:
-            return cap
-        return min(cap, max(self.cfg.draft_deadline_min_s, self.cfg.draft_deadline_factor * (k + 1) * self.verify_ema))
+        return draft_deadline(self.cfg, self.verify_ema, k)
 
     def launch_predraft(
         self, batch: list[Job], ks: list[int], drafts: list[Draft], policy_k: Callable[[Job], int]
@@ -184,9 +182,9 @@ class DraftSource:
             if job.spec != "draft" or k <= 0 or len(d.tokens) != k:
                 continue
             st = job.state
-            n_after = len(st.tokens) + k + 1  # if all k are accepted plus the bonus token
-            remaining = st.params.max_tokens - (len(st.generated) + k + 1) - 1
-            k_next = max(0, min(policy_k(job), remaining, self.max_context - n_after))
+            k_next = predraft_k(
+                policy_k(job), len(st.generated), k, st.params.max_tokens, len(st.tokens), self.max_context
+            )
             if k_next <= 0:
                 continue
             idx.append(i)
