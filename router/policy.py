@@ -10,6 +10,7 @@ engine); the per-request draft length is :meth:`specdec.core.request_state.Reque
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from router.config import RouterConfig
 from specdec.core.request_state import CostMeter, KPolicy, RequestState
@@ -21,7 +22,9 @@ __all__ = [
     "can_admit",
     "lane_share",
     "want_k",
+    "policy_k",
     "draft_deadline",
+    "least_loaded",
     "predraft_k",
 ]
 
@@ -87,6 +90,17 @@ def want_k(
     if auto and auto_off_batch and running > auto_off_batch:
         return 0
     return state.next_k(max_context, cost.per_token if spec == "draft" else None)
+
+
+def policy_k(state: RequestState) -> int:
+    """The k a request's policy would choose now, before the bounds of its remaining tokens and the
+    context (what a pre-draft is sized by)."""
+    return state.adaptive.next_k() if state.adaptive is not None else state.fixed_k
+
+
+def least_loaded(loads: Sequence[tuple]) -> int:
+    """Index of the target a new request goes to: the smallest load key (first on ties)."""
+    return min(range(len(loads)), key=loads.__getitem__)
 
 
 def draft_deadline(cfg: RouterConfig, verify_ema: float | None, k: int) -> float:

@@ -39,7 +39,15 @@ from router.config import RouterConfig
 from router.drafting import DraftSource
 from router.jobs import Chunk, Job, QueueFull, next_job_key
 from router.metrics import Metrics
-from router.policy import batch_capacity, can_admit, lane_share, request_k_policy, resolve_spec, want_k
+from router.policy import (
+    batch_capacity,
+    can_admit,
+    lane_share,
+    policy_k,
+    request_k_policy,
+    resolve_spec,
+    want_k,
+)
 from router.target_link import TargetLink
 from router.workers import WorkerClient, WorkerUnavailable
 from specdec.core.params import SamplingParams, VerifyMode
@@ -261,8 +269,7 @@ class TargetScheduler:
 
     # ---- a round -------------------------------------------------------------------------------
     def _policy_k(self, job: Job) -> int:
-        st = job.state
-        return st.adaptive.next_k() if st.adaptive is not None else st.fixed_k
+        return policy_k(job.state)
 
     def _want_k(self, job: Job) -> int:
         return want_k(

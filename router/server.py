@@ -24,6 +24,7 @@ import grpc
 from router.config import RouterConfig
 from router.detok import Detokenizer, resolve_model_dir
 from router.metrics import Metrics
+from router.policy import least_loaded
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
@@ -156,7 +157,7 @@ class Router:
         ]
         if not alive:
             raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, f"no target worker for {name!r} is available")
-        return min(alive, key=lambda s: (not s.target.up, s.load))
+        return alive[least_loaded([(not s.target.up, s.load) for s in alive])]
 
     def list_models(self) -> generate_pb2.ListModelsResponse:
         out = generate_pb2.ListModelsResponse()
