@@ -117,6 +117,7 @@ class _Group:
     fail_open: int = 0
     predraft_hits: int = 0
     predraft_misses: int = 0
+    peak_running: int = 0
 
 
 @dataclass
@@ -130,10 +131,11 @@ class SimResult:
     rejected: int  # queue full
     unfinished: int  # still running when the time limit hit (an overloaded deployment)
     predraft_hit_rate: float | None
+    peak_running: int  # the most requests one target ran at once (below max_batch: the cap never bound)
 
 
 class _Sim:
-    def __init__(self, dep: Deployment, requests: list[SimRequestSpec], seed: int, time_limit: float):
+    def __init__(self, dep: Deployment, requests: list[SimRequestSpec], seed: int, time_limit: float, closed: int):
         self.dep, self.P, self.costs = dep, dep.policy, dep.costs
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -156,6 +158,8 @@ class _Sim:
             for i in range(dep.groups)
         ]
         self.requests = requests
+        self.closed = closed
+        self._next = 0  # closed loop: the next request a client sends
         self.jobs: list[_Job] = []
         self.rejected = 0
 
@@ -179,8 +183,12 @@ class _Sim:
             self.at(self.now, lambda gen=gen: self._step(gen, g))
 
     def run(self) -> None:
-        for spec in self.requests:
-            self.at(spec.t, lambda spec=spec: self._arrive(spec))
+        if self.closed:
+            for _ in range(min(self.closed, len(self.requests))):
+                self._send_next()
+        else:
+            for spec in self.requests:
+                self.at(spec.t, lambda spec=spec: self._arrive(spec))
         for g in self.groups:
             for lane in range(self.P.cfg.micro_batches):
                 self._step(self._lane(g, lane), g)
@@ -194,6 +202,13 @@ class _Sim:
             fn()
             if len(self.jobs) == len(self.requests) and all(j.done for j in self.jobs):
                 break
+
+    def _send_next(self) -> None:
+        """Closed loop: a client sends its next request as soon as its last one ends."""
+        if self._next < len(self.requests):
+            spec = self.requests[self._next]
+            self._next += 1
+            self.at(self.now, lambda: self._arrive(spec))
 
     # ---- admission (TargetScheduler.new_job / submit / _admit) ---------------------------------
     def _arrive(self, spec: SimRequestSpec) -> None:
@@ -209,6 +224,8 @@ class _Sim:
         if len(g.waiting) >= self.P.cfg.max_queue:
             job.done, job.error, job.t_end = True, "RESOURCE_EXHAUSTED: the request queue is full", self.now
             self.rejected += 1
+            if self.closed:
+                self._send_next()
             return
         g.waiting.append(job)
         self._admit(g)
@@ -217,6 +234,7 @@ class _Sim:
     def _admit(self, g: _Group) -> None:
         while g.waiting and self.P.can_admit(len(g.running), g.capacity):
             g.running.append(g.waiting.popleft())
+        g.peak_running = max(g.peak_running, len(g.running))
 
     def _take(self, g: _Group, lane: int) -> list[_Job]:
         self._admit(g)
@@ -412,6 +430,8 @@ class _Sim:
             j.done = True
             j.t_end = self.now
             g.running.remove(j)
+            if self.closed:
+                self._send_next()
 
     # ---- rebalancing ---------------------------------------------------------------------------
     def _rebalance(self) -> None:
@@ -479,20 +499,27 @@ class _Sim:
             rejected=self.rejected,
             unfinished=sum(not j.done for j in self.jobs) + len(self.requests) - len(self.jobs),
             predraft_hit_rate=round(hits / (hits + misses), 3) if hits + misses else None,
+            peak_running=max(g.peak_running for g in self.groups),
         )
 
 
 def simulate(
-    dep: Deployment, requests: list[SimRequestSpec], seed: int = 0, time_limit: float | None = None
+    dep: Deployment,
+    requests: list[SimRequestSpec],
+    seed: int = 0,
+    time_limit: float | None = None,
+    closed: int = 0,
 ) -> SimResult:
-    """Run the requests through the deployment. ``time_limit`` (simulated s; default: the last
-    arrival plus ten minutes) ends a run that cannot keep up: its unfinished requests count as errors."""
+    """Run the requests through the deployment: at their arrival times, or with ``closed`` > 0 as
+    that many clients that each send the next request when their last one ends (arrival times
+    ignored). ``time_limit`` (simulated s; default: the last arrival plus ten minutes) ends a run
+    that cannot keep up: its unfinished requests count as errors."""
     if not requests:
         raise WorkloadError("no requests to simulate")
     if dep.groups < 1 or dep.drafts < 0:
         raise WorkloadError("a deployment needs at least one target group")
     if time_limit is None:
-        time_limit = max(r.t for r in requests) + 600.0
-    sim = _Sim(dep, sorted(requests, key=lambda r: r.t), seed, time_limit)
+        time_limit = 600.0 + (60.0 * len(requests) if closed else max(r.t for r in requests))
+    sim = _Sim(dep, requests if closed else sorted(requests, key=lambda r: r.t), seed, time_limit, closed)
     sim.run()
     return sim.result()
