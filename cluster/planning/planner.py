@@ -152,6 +152,16 @@ class PlanResult:
     evaluated: list[Evaluation]
     question: dict[str, Any]
     answer: str  # one sentence: the deployment, or why there is none
+    _planner: Any = field(default=None, repr=False)
+
+    def sweep(self, evaluations: list[Evaluation], rates: list[float]) -> dict[str, list[dict[str, Any]]]:
+        """Each deployment simulated again at each arrival rate (latency vs rate): its metrics per rate."""
+        out = {}
+        for ev in evaluations:
+            out[ev.candidate.label()] = [
+                self._planner.evaluate(ev.candidate, rate)[0].metrics | {"rate": rate} for rate in rates
+            ]
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -384,7 +394,7 @@ def plan(
             f"group of the catalog holds (largest: {largest.max_tp} x {largest.name}, "
             f"{largest.max_tp * largest.memory_gb * 0.9:.0f} GB usable)"
         )
-        return PlanResult(None, [], [], [], question, answer)
+        return PlanResult(None, [], [], [], question, answer, p)
     evaluated, misfits = p.run()
     ok = sorted((e for e in evaluated if e.ok), key=lambda e: e.cost_per_hour)
     failed = [e for e in evaluated if not e.ok]
@@ -392,9 +402,9 @@ def plan(
     if ok:
         best = ok[0]
         answer = f"{best.candidate.label()}: ${best.cost_per_hour:.2f}/h, ${best.cost_per_mtok:.3f} per million tokens"
-        return PlanResult(best, ok[1 : 1 + space.runners_up], failed + misfits, evaluated, question, answer)
+        return PlanResult(best, ok[1 : 1 + space.runners_up], failed + misfits, evaluated, question, answer, p)
     closest = min(failed, key=lambda e: len(e.reasons), default=None)
     answer = f"no deployment in the search meets {slo.describe()} at {workload.rate:g} requests/s"
     if closest is not None:
         answer += f"; the closest ({closest.candidate.label()}) fails: {'; '.join(closest.reasons)}"
-    return PlanResult(None, [], failed + misfits, evaluated, question, answer)
+    return PlanResult(None, [], failed + misfits, evaluated, question, answer, p)

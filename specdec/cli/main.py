@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from specdec.cli.bench import add_bench
 from specdec.cli.exit_codes import FAILED, OK, USAGE
 from specdec.cli.generate import add_generate
+from specdec.cli.plan import add_plan
 from specdec.cli.serve import add_serve
 from specdec.core import pack_prepare, packs
 
@@ -93,7 +94,13 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- entry point
 
-_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models, add_generate, add_bench, add_serve]
+_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_models,
+    add_generate,
+    add_bench,
+    add_serve,
+    add_plan,
+]
 
 
 def _build_parser() -> argparse.ArgumentParser:
