@@ -73,6 +73,8 @@ class ProfileCosts(Costs):
     def draft_s(self, batch: int, k: int, context: int) -> float:
         if not self.draft_is_model or k <= 0:
             return 0.0
+        if self.p.draft_propose is not None:
+            return self.p.draft_propose.at(batch, k) / 1e3
         grid = self.p.draft_forward
         assert grid is not None
         batch_scale = grid.at(batch, 1) / grid.at(1, 1)

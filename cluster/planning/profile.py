@@ -3,9 +3,10 @@
 and the planner read profiles without loading a model.
 
 Times are milliseconds of worker compute. Forward grids are by (batch, tokens per row) at a fixed
-context; prefill curves by prompt tokens. Acceptance is kept per request as rounds
-``[k asked, tokens drafted, tokens accepted, count]`` so the simulator can replay each prompt's own
-acceptance (copy-heavy prompts accept more than new code).
+context; prefill curves by prompt tokens; the draft model's whole Propose by (batch, k) on the
+workload's prompts (its lookup guesses make a round cheaper where the text is a copy). Acceptance
+is kept per request as rounds ``[k asked, tokens drafted, tokens accepted, count]`` so the
+simulator can replay each prompt's own acceptance (copy-heavy prompts accept more than new code).
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ class Profile:
     draft: dict[str, Any] | None = None
     draft_forward: Grid | None = None
     draft_prefill: Curve | None = None
+    draft_propose: Grid | None = None  # a whole Propose by (batch, k), lookup guesses included
     overhead: Overhead = field(default_factory=Overhead)
     drafters: dict[str, DrafterStats] = field(default_factory=dict)
     workload: dict[str, Any] = field(default_factory=dict)  # prompts, max_tokens, k_policy of the acceptance run
@@ -182,6 +184,7 @@ class Profile:
                 draft=d.get("draft"),
                 draft_forward=Grid(**d["draft_forward"]) if d.get("draft_forward") else None,
                 draft_prefill=Curve(**d["draft_prefill"]) if d.get("draft_prefill") else None,
+                draft_propose=Grid(**d["draft_propose"]) if d.get("draft_propose") else None,
                 overhead=Overhead(**d.get("overhead", {})),
                 drafters=drafters,
                 workload=d.get("workload", {}),

@@ -40,6 +40,7 @@ class ProfileOptions:
     batches: tuple[int, ...] = (1, 2, 4, 8)
     tokens: tuple[int, ...] = (1, 2, 4, 8, 13)
     draft_tokens: tuple[int, ...] = (1, 2, 4)
+    draft_ks: tuple[int, ...] = (1, 2, 4, 8, 12)  # Propose lengths timed
     context: int = 168
     prefill_lengths: tuple[int, ...] = (16, 64, 128, 256, 512)
     repeat: int = 3
@@ -146,6 +147,42 @@ def _prefill_curve(runner, opts: ProfileOptions, budget: _Budget, what: str) -> 
     return Curve(lengths, times) if lengths else None
 
 
+def _time_proposes(drafter, seqs: list[list[int]], ks: tuple[int, ...], repeat: int, max_tokens: int) -> list[float]:
+    from specdec.core.drafters import DraftInput
+    from specdec.core.params import SamplingParams, VerifyMode
+
+    params = SamplingParams(max_tokens=max_tokens)
+    ids = [f"p{i}" for i in range(len(seqs))]
+
+    def propose(k: int) -> None:
+        drafts = drafter.propose([DraftInput(r, s, params, VerifyMode.GREEDY, k) for r, s in zip(ids, seqs)])
+        for s, d in zip(seqs, drafts):
+            s.extend(d.tokens[:k] or [7])
+
+    try:
+        propose(1)  # caches the prompts
+        return [round(median_ms(lambda k=k: propose(k), repeat, warmup=1), 3) for k in ks]
+    finally:
+        for r in ids:
+            drafter.release(r)
+
+
+def _propose_grid(d_runner, prompt_ids: list[list[int]], opts: ProfileOptions, budget: _Budget) -> Grid | None:
+    """A draft worker's Propose by (batch, k): B of the workload's prompts, each round continuing
+    from the last draft (all accepted), the prefill untimed."""
+    from specdec.core.build import model_drafter_on
+
+    ks = tuple(k for k in opts.draft_ks if k <= opts.k_policy.k_max) or (1,)
+    rows, batches = [], []
+    for b in opts.batches:
+        if not budget.allow(f"draft Propose, batch {b}, k {list(ks)}", 0.0):
+            break
+        seqs = [list(prompt_ids[i % len(prompt_ids)]) for i in range(b)]
+        rows.append(_time_proposes(model_drafter_on(d_runner), seqs, ks, opts.repeat, opts.max_tokens))
+        batches.append(b)
+    return Grid(batches, list(ks), rows, 0) if rows else None
+
+
 class _Recorder:
     """A drafter that notes each proposal's k, its draft length and its time."""
 
@@ -248,7 +285,7 @@ def take_profile(
     from specdec.core.drafters import NgramProposer
     from specdec.core.engine import SpecEngine
     from specdec.core.models import load_model
-    from specdec.core.prompts import load_prompts
+    from specdec.core.prompts import encode, load_prompts
     from specdec.core.runner import ModelRunner
 
     if opts.threads:
@@ -258,6 +295,7 @@ def take_profile(
     prompts = load_prompts(opts.prompts)
     progress(f"loading {target}" + (f" and {draft}" if draft else ""))
     tgt = load_model(target, dtype=opts.dtype, device=opts.device)
+    prompt_ids = [encode(tgt.tokenizer, p) for p in prompts]
     dft = load_model(draft, dtype=opts.dtype, device=opts.device) if draft else None
     if dft is not None:
         check_same_vocab(tgt, dft)
@@ -269,11 +307,12 @@ def take_profile(
         t_prefill = _prefill_curve(t_runner, opts, budget, "target")
         if t_grid is None or t_prefill is None:
             raise RuntimeError(f"the budget of {opts.budget_s:.0f} s did not cover the target's forwards")
-        d_runner = d_grid = d_prefill = None
+        d_runner = d_grid = d_prefill = d_propose = None
         if dft is not None:
             d_runner = make_draft_runner(dft, slots, max_len)
             d_grid = _grid(d_runner, opts, opts.draft_tokens, budget, "draft")
             d_prefill = _prefill_curve(d_runner, opts, budget, "draft")
+            d_propose = _propose_grid(d_runner, prompt_ids, opts, budget)
         drafters: dict[str, DrafterStats] = {}
         eos = tgt.eos_token_ids
         for name in opts.drafters:
@@ -297,6 +336,7 @@ def take_profile(
         draft=_model_info(dft, opts.dtype) if dft is not None else None,
         draft_forward=d_grid,
         draft_prefill=d_prefill,
+        draft_propose=d_propose,
         overhead=overhead or Overhead(),
         drafters=drafters,
         workload={"prompts": opts.prompts, "max_tokens": opts.max_tokens, "k_policy": vars(opts.k_policy)},

@@ -266,6 +266,7 @@ class _Sim:
 
     def _round(self, g: _Group, batch: list[_Job]) -> Generator:
         c = self.costs
+        t_round = self.now
         decoding = [j for j in batch if not j.state.prefilling]
         ks = [self._want_k(g, j) for j in decoding]
         cached = yield from self._prefill(g, batch, sum(k + 1 for k in ks))
@@ -293,7 +294,7 @@ class _Sim:
         g.batch_rows += len(batch)
         g.split["draft_wait"] += draft_wait
         g.split["verify"] += dt
-        g.split["router"] += router
+        g.split["router"] += (end - t_round) - draft_wait - dt  # as the router's metric: prefill included
         for j, d in zip(batch, drafted):
             self._commit(g, j, d)
 
