@@ -328,7 +328,6 @@ class _Planner:
     def run(self) -> tuple[list[Evaluation], list[Evaluation]]:
         bases, misfits = self.bases()
         evaluated: list[Evaluation] = []
-        best_cost = math.inf
         ok_costs: list[float] = []
         for i, (c, bound) in enumerate(bases):
             keep = sorted(ok_costs)[: self.space.runners_up + 1]
@@ -337,20 +336,35 @@ class _Planner:
                 evaluated.append(Evaluation(c, False, [f"not simulated: costs at least ${bound:.2f}/h"], bound))
                 continue
             self.progress(f"[{i + 1}/{len(bases)}] {c.label()}")
+            prev: Evaluation | None = None
             while c.groups <= self.space.max_groups:
                 ev = self.evaluate_cached(c)
                 evaluated.append(ev)
                 if ev.ok:
                     ok_costs.append(ev.cost_per_hour)
-                    best_cost = min(best_cost, ev.cost_per_hour)
                     break
-                if not any("falls behind" in r or "TTFT" in r or "throughput" in r or "TPOT" in r for r in ev.reasons):
+                if prev is not None and not _more_groups_help(prev, ev):
+                    ev.reasons.append(f"more groups do not help (from {prev.candidate.groups} to {c.groups})")
                     break
+                prev = ev
                 nxt = dataclasses.replace(c, groups=c.groups + 1, drafts=c.drafts + 1 if c.drafts else 0)
                 if self._cost(nxt) >= limit:
                     break
                 c = nxt
         return evaluated, misfits
+
+
+def _more_groups_help(before: Evaluation, after: Evaluation) -> bool:
+    """Whether one more group improved what failed: a deployment that falls behind gains capacity;
+    latencies that stay put (a group already runs its requests alone) will not improve further."""
+    if any(r.startswith(("falls behind", "throughput")) for r in after.reasons):
+        return True
+    for key, tag in (("ttft_ms_p99", "p99 TTFT"), ("tpot_ms_p99", "p99 TPOT")):
+        if any(r.startswith(tag) for r in after.reasons):
+            b, a = before.metrics.get(key), after.metrics.get(key)
+            if b and a and a < 0.97 * b:
+                return True
+    return False
 
 
 def plan(
@@ -372,8 +386,6 @@ def plan(
         raise PlanError("the arrival rate must be > 0")
     if draft_shape is not None and not workload.acceptance.get("draft"):
         raise PlanError("planning with a draft model needs its acceptance: --acceptance A or --profile")
-    for name in space.target_devices or []:
-        catalog.device(name)
     p = _Planner(catalog, target_shape, draft_shape, workload, slo, space, router or RouterConfig(), progress)
     question = {
         "target": target,
@@ -385,13 +397,15 @@ def plan(
         "slo": dataclasses.asdict(slo),
         "catalog": catalog.source,
     }
-    largest = max(catalog.devices.values(), key=lambda d: d.memory_gb * d.max_tp)
-    groups = [(d, t) for d in catalog.devices.values() for t in target_shape.tp_degrees(d.max_tp)]
+    names = space.target_devices or list(catalog.devices)
+    searched = [catalog.device(n) for n in names]
+    largest = max(searched, key=lambda d: d.memory_gb * d.max_tp)
+    groups = [(d, t) for d in searched for t in target_shape.tp_degrees(d.max_tp)]
     if not any(fits(target_shape, d, t, 1, p.max_context) for d, t in groups):
         need = memory_needed_gb(target_shape, 1, 1, p.max_context)
         answer = (
             f"no deployment: {target} needs about {need:.0f} GB (weights and one sequence's KV cache), more than any "
-            f"group of the catalog holds (largest: {largest.max_tp} x {largest.name}, "
+            f"group of the devices searched holds (largest: {largest.max_tp} x {largest.name}, "
             f"{largest.max_tp * largest.memory_gb * 0.9:.0f} GB usable)"
         )
         return PlanResult(None, [], [], [], question, answer, p)

@@ -221,6 +221,7 @@ def _plan(args: argparse.Namespace) -> int:
             k_policies=tuple(_names(args.k_policies)),
             max_batches=args.max_batch,
             runners_up=args.runners_up,
+            max_groups=args.max_groups,
         )
         bad = [k for k in space.k_policies if k not in ("adaptive", "k4", "off")]
         if bad:
@@ -305,6 +306,7 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k-policies", default="adaptive,off", help="adaptive, k4, off")
     p.add_argument("--max-batch", type=_ints, default=(32, 128), metavar="B1,B2,...")
     p.add_argument("--requests", type=int, default=200, help="simulated requests per deployment")
+    p.add_argument("--max-groups", type=int, default=64, help="target groups tried per configuration, at most")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runners-up", type=int, default=3)
     p.add_argument("--json", default=None, metavar="OUT")
