@@ -348,11 +348,17 @@ def take_profile(
     )
 
 
-def overhead_from_bench(result: dict, draft_fixed_ms: float = 0.0, draft_per_token_ms: float = 0.0) -> Overhead:
+def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhead:
     """Router and RPC time per round from a `specdec bench serve` result (its scenarios' round split,
-    scraped from the router's /metrics). The draft RPC is the draft wait less the drafting the
-    profile predicts for the mean draft length; the router's cost per row is fitted across scenarios
-    of different mean batch (request-rounds per round)."""
+    scraped from the router's /metrics). The router's phase there holds the rounds' prefills: the
+    prefill the profile predicts for the scenario's requests is taken out, and the router's cost per
+    row is fitted across scenarios of different mean batch (request-rounds per round). The draft
+    RPC is the draft wait less the Propose the profile predicts for the mean batch and k."""
+    prefill_ms = 0.0
+    if profile is not None and profile.drafters:
+        reqs = next(iter(profile.drafters.values())).requests
+        if reqs:
+            prefill_ms = sum(profile.target_prefill.at(r.prompt_tokens - 1) for r in reqs) / len(reqs)
     points = []
     rpc, drpc = [], []
     for r in result.get("results", []):
@@ -360,12 +366,15 @@ def overhead_from_bench(result: dict, draft_fixed_ms: float = 0.0, draft_per_tok
         if not split or r.get("mode") == "engine" or not split.get("rounds"):
             continue
         batch = (s.get("rounds") or split["rounds"]) / split["rounds"]
-        points.append((batch, split.get("router_ms_per_round", 0.0)))
+        prefill = prefill_ms * s.get("requests", 0) / split["rounds"]
+        points.append((batch, max(0.0, split.get("router_ms_per_round", 0.0) - prefill)))
         if split.get("rpc_ms_per_round") is not None:
             rpc.append(split["rpc_ms_per_round"])
         k = split.get("drafted_per_round", 0.0) / max(batch, 1.0)
         if k > 0 and split.get("draft_wait_ms_per_round"):
-            drpc.append(max(0.0, split["draft_wait_ms_per_round"] - (draft_fixed_ms + draft_per_token_ms * k)))
+            grid = profile.draft_propose if profile is not None else None
+            predicted = grid.at(batch, k) if grid is not None else 0.0
+            drpc.append(max(0.0, split["draft_wait_ms_per_round"] - predicted))
     if not points:
         raise ValueError("the bench serve result has no round split (was the router's /metrics reachable?)")
     line = _line(points)

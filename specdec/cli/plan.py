@@ -78,10 +78,7 @@ def _profile(args: argparse.Namespace) -> int:
     try:
         profile = take_profile(args.target, args.draft, opts, progress=_progress)
         if bench is not None:
-            stats = profile.drafters.get("draft")
-            fixed = stats.draft_ms_fixed if stats else 0.0
-            per_token = stats.draft_ms_per_token if stats else 0.0
-            profile.overhead = overhead_from_bench(bench, fixed, per_token)
+            profile.overhead = overhead_from_bench(bench, profile)
     except (ModelLoadError, IncompatibleModels, PromptSetError, ProfileError, ValueError, RuntimeError) as exc:
         _err(str(exc))
         return FAILED

@@ -62,17 +62,19 @@ def test_a_budget_too_small_says_what_it_skipped(tiny_paths, prompts_file):
         take_profile(str(tiny_paths["llama"]), None, opts)
 
 
-def test_overhead_from_a_bench_serve_result():
+def test_overhead_from_a_bench_serve_result(tiny_profile):
     def scenario(batch: float, router_ms: float) -> dict:
         split = {"rounds": 100, "router_ms_per_round": router_ms, "rpc_ms_per_round": 2.0,
                  "draft_wait_ms_per_round": 50.0, "drafted_per_round": 4.0 * batch}  # fmt: skip
-        return {"mode": "auto", "summary": {"rounds": int(100 * batch), "split": split}}
+        return {"mode": "auto", "summary": {"requests": 10, "rounds": int(100 * batch), "split": split}}
 
-    o = overhead_from_bench(
-        {"results": [scenario(1, 3.0), scenario(4, 6.0)]}, draft_fixed_ms=5.0, draft_per_token_ms=10.0
-    )
-    assert o.router_ms == pytest.approx(2.0) and o.router_ms_per_row == pytest.approx(1.0)
-    assert o.verify_rpc_ms == 2.0 and o.draft_rpc_ms == pytest.approx(5.0)  # 50 - (5 + 10 x 4)
+    bench = {"results": [scenario(1, 30.0), scenario(4, 60.0)]}
+    o = overhead_from_bench(bench)
+    assert o.router_ms == pytest.approx(20.0) and o.router_ms_per_row == pytest.approx(10.0)
+    assert o.verify_rpc_ms == 2.0 and o.draft_rpc_ms == 50.0 and "2 scenarios" in o.source
+    # with a profile, the rounds' prefills and the predicted Propose come out of the router and draft phases
+    p = overhead_from_bench(bench, tiny_profile)
+    assert p.router_ms + p.router_ms_per_row < o.router_ms + o.router_ms_per_row and p.draft_rpc_ms < 50.0
     with pytest.raises(ValueError, match="round split"):
         overhead_from_bench({"results": [{"mode": "auto", "summary": {}}]})
 
