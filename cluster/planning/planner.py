@@ -215,13 +215,17 @@ class _Planner:
     def _cost(self, c: Candidate) -> float:
         return sum(self.cat.device(name).price_per_hour * n for name, n in c.gpus().items())
 
-    def _group_capacity(self, tdev: Device, tp: int, batch: int, k_policy: str) -> float:
-        """Tokens/s one group might give at full batch (an optimistic bound: no prefill, no draft wait)."""
+    def _groups_needed(self, tdev: Device, tp: int, batch: int, k_policy: str) -> int:
+        """Fewest groups that could carry the load: each second of arrivals brings its prefill work
+        plus its tokens to decode at full batch (an optimistic bound: no draft wait, every group at
+        85 % busy, speculation at k = 4 unless off)."""
         k = 0 if k_policy == "off" or self.draft is None else 4
         costs = RooflineCosts(self.target, tdev, tp, None, None, self.cat)
         step = costs.verify_s(batch, k + 1, self.context) + costs.router_s(batch) + costs.verify_rpc_s
-        a = min(self.wl.mean_acceptance, 0.99)
-        return batch * expected_tokens(a, k) / step
+        tok_per_s = batch * expected_tokens(min(self.wl.mean_acceptance, 0.99), k) / step
+        prefill = self.wl.rate * costs.prefill_s(1, max(1, int(self.wl.prompt.mean)))
+        needed = max(self.needed_tok_s, self.slo.min_throughput_tok_s or 0.0)
+        return max(1, math.ceil((prefill + needed / tok_per_s) / 0.85))
 
     # ---- evaluating one ------------------------------------------------------------------------
     def evaluate_cached(self, c: Candidate) -> Evaluation:
@@ -317,10 +321,7 @@ class _Planner:
                                 both += memory_needed_gb(self.draft, 1, batch, self.max_context)
                                 if both > 0.9 * tdev.memory_gb:
                                     continue
-                            cap = self._group_capacity(tdev, tp, batch, kp)
-                            g = max(1, math.ceil(self.needed_tok_s / cap))
-                            if self.slo.min_throughput_tok_s:
-                                g = max(g, math.ceil(self.slo.min_throughput_tok_s / cap))
+                            g = self._groups_needed(tdev, tp, batch, kp)
                             c = Candidate(name, tp, g, dname, g if dname not in (None,) else 0, kp, batch)
                             out.append((c, self._cost(c)))
         return sorted(out, key=lambda x: x[1]), misfits
