@@ -87,6 +87,7 @@ class SearchSpace:
     draft_devices: list[str] | None = None  # None: colocated + the two cheapest devices the draft fits on
     k_policies: tuple[str, ...] = ("adaptive", "off")
     max_batches: tuple[int, ...] = (32, 128)
+    draft_ratios: tuple[float, ...] = (1.0,)  # draft replicas per target group (on their own devices)
     max_groups: int = 64
     runners_up: int = 3
 
@@ -100,6 +101,11 @@ class Candidate:
     drafts: int
     k_policy: str
     max_batch: int
+    draft_ratio: float = 1.0  # draft replicas per group: drafts = ceil(groups x ratio)
+
+    def with_groups(self, groups: int) -> Candidate:
+        drafts = max(1, math.ceil(groups * self.draft_ratio)) if self.drafts else 0
+        return dataclasses.replace(self, groups=groups, drafts=drafts)
 
     def label(self) -> str:
         t = f"{self.groups} x {self.target_device} TP{self.tp}"
@@ -204,6 +210,14 @@ class _Planner:
             fitting = [d for d in self.cat.devices.values() if fits(self.draft, d, 1, 1, self.max_context)]
             names = [COLOCATED] + [d.name for d in sorted(fitting, key=lambda d: d.price_per_hour)[:2]]
         return names
+
+    def _draft_choices(self, names: list[str | None]) -> list[tuple[str | None, float]]:
+        """(draft device, replicas per group): a colocated draft is one per group by construction."""
+        out: list[tuple[str | None, float]] = []
+        for name in names:
+            ratios = (1.0,) if name in (None, COLOCATED) else self.space.draft_ratios
+            out += [(name, r) for r in ratios]
+        return out
 
     def _router(self, k_policy: str, max_batch: int) -> RouterConfig:
         kp = self.router.k_policy
@@ -315,14 +329,14 @@ class _Planner:
                         continue
                     for kp in self.space.k_policies:
                         drafts = [None] if kp == "off" else self._draft_options(tdev)
-                        for dname in drafts:
+                        for dname, ratio in self._draft_choices(drafts):
                             if dname == COLOCATED and self.draft is not None:
                                 both = memory_needed_gb(self.target, tp, batch, self.max_context)
                                 both += memory_needed_gb(self.draft, 1, batch, self.max_context)
                                 if both > 0.9 * tdev.memory_gb:
                                     continue
                             g = self._groups_needed(tdev, tp, batch, kp)
-                            c = Candidate(name, tp, g, dname, g if dname not in (None,) else 0, kp, batch)
+                            c = Candidate(name, tp, 1, dname, 1 if dname else 0, kp, batch, ratio).with_groups(g)
                             out.append((c, self._cost(c)))
         return sorted(out, key=lambda x: x[1]), misfits
 
@@ -348,7 +362,7 @@ class _Planner:
                     ev.reasons.append(f"more groups do not help (from {prev.candidate.groups} to {c.groups})")
                     break
                 prev = ev
-                nxt = dataclasses.replace(c, groups=c.groups + 1, drafts=c.drafts + 1 if c.drafts else 0)
+                nxt = c.with_groups(c.groups + 1)
                 if self._cost(nxt) >= limit:
                     break
                 c = nxt

@@ -219,6 +219,7 @@ def _plan(args: argparse.Namespace) -> int:
             max_batches=args.max_batch,
             runners_up=args.runners_up,
             max_groups=args.max_groups,
+            draft_ratios=args.draft_ratios,
         )
         bad = [k for k in space.k_policies if k not in ("adaptive", "k4", "off")]
         if bad:
@@ -301,6 +302,9 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
         "--draft-devices", default=None, help="colocated and/or device types (default: colocated + the 2 cheapest)"
     )
     p.add_argument("--k-policies", default="adaptive,off", help="adaptive, k4, off")
+    p.add_argument(
+        "--draft-ratios", type=_floats, default=(1.0,), metavar="R1,R2", help="draft replicas per target group"
+    )
     p.add_argument("--max-batch", type=_ints, default=(32, 128), metavar="B1,B2,...")
     p.add_argument("--requests", type=int, default=200, help="simulated requests per deployment")
     p.add_argument("--max-groups", type=int, default=64, help="target groups tried per configuration, at most")

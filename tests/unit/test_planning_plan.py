@@ -9,7 +9,7 @@ import pytest
 
 from cluster.planning.catalog import CatalogError, load_catalog
 from cluster.planning.costs import RooflineCosts, fits, memory_needed_gb
-from cluster.planning.planner import SLO, PlanError, PlanWorkload, SearchSpace, plan
+from cluster.planning.planner import SLO, Candidate, PlanError, PlanWorkload, SearchSpace, plan
 from cluster.planning.workload import AcceptanceModel, parse_lengths
 from specdec.cli.main import main
 
@@ -69,6 +69,13 @@ def test_plan_finds_the_cheapest_deployment_that_meets_the_objectives(catalog):
     assert m["tpot_ms_p99"] <= 200 and m["ttft_ms_p99"] <= 3000 and res.best.cost_per_mtok > 0
     d = res.to_dict()
     assert d["best"]["gpus"] and json.dumps(d)
+
+
+def test_draft_replicas_follow_the_groups():
+    c = Candidate("A100-80GB", 2, 1, "L4", 1, "adaptive", 32, draft_ratio=0.5)
+    assert [c.with_groups(g).drafts for g in (1, 2, 3, 4)] == [1, 1, 2, 2]
+    assert c.with_groups(3).gpus() == {"A100-80GB": 6, "L4": 2}
+    assert Candidate("L4", 1, 1, None, 0, "off", 32).with_groups(5).drafts == 0
 
 
 def test_plan_answers_questions_it_cannot_meet(catalog):
