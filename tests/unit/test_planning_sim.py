@@ -212,3 +212,18 @@ def test_poisson_arrivals_are_bench_serves(monkeypatch):
     assert len(pool) == 1 and 0.0 < pool[0].accept_p[0] < 1.0
     with pytest.raises(WorkloadError, match="no acceptance model"):
         simulate(deployment(), [dataclasses.replace(reqs[0], acceptance={})])
+
+
+def test_a_rebalancer_plugs_in_and_sees_telemetry():
+    seen = []
+
+    def rebalance(telemetry):
+        seen.extend(telemetry)
+        return {0: 1}  # depth 1 for group 0 from now on
+
+    dep = deployment(k_policy=KPolicy(k=4))
+    dep.policy.rebalance, dep.policy.rebalance_interval_s = rebalance, 0.5
+    res = simulate(dep, requests(4, 1.0, rate=1.0))
+    assert seen and seen[0].group == 0 and 0.0 <= seen[0].target_busy <= 1.0 and seen[0].k_max == 12
+    late = [r for r in res.records if r["t_start"] > 0.5]
+    assert late and all(r["stats"]["drafted"] <= r["stats"]["rounds"] for r in late)  # k <= 1 per round
