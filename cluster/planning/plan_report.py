@@ -57,7 +57,7 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
 
 
-_KINDS = ("p99 TTFT", "p99 TPOT", "falls behind", "throughput", "does not fit", "not simulated")
+_KINDS = ("p99 TTFT", "p99 TPOT", "falls behind", "throughput", "does not fit", "not simulated", "more groups")
 
 
 def _kind(reason: str) -> str:
@@ -85,7 +85,10 @@ def format_plan(result: PlanResult, rejected_shown: int = 8) -> str:
         lines.append("")
         rows = [_row("best" if i == 0 and result.best else str(i + 1), e) for i, e in enumerate(shown)]
         lines += _table(rows)
-        lines.append("(ms; $/Mtok = price per hour over tokens per hour; busy = fraction of time the pool computed)")
+        lines.append(
+            "(ms; $/Mtok: price per million output tokens at the offered rate; busy: fraction of the time the pool "
+            "computed; batch: requests per round; k: draft tokens per request-round)"
+        )
     if result.rejected:
         lines += ["", f"rejected ({len(result.rejected)}):"]
         kinds = Counter(_kind(r) for e in result.rejected for r in e.reasons)
@@ -100,13 +103,22 @@ def format_plan(result: PlanResult, rejected_shown: int = 8) -> str:
     return "\n".join(lines)
 
 
-def frontier(evaluated: list[Evaluation]) -> list[tuple[float, float, str]]:
-    """(p99 TPOT, $/h, deployment): the cheapest simulated deployment that keeps up and meets each
-    TPOT bound, as the bound tightens."""
+def _meets_all_but_tpot(e: Evaluation, slo: dict[str, Any]) -> bool:
+    m = e.metrics
+    if not m.get("tpot_ms_p99") or m.get("unfinished") or m.get("rejected"):
+        return False
+    if slo.get("ttft_p99_ms") and (m.get("ttft_ms_p99") or 0) > slo["ttft_p99_ms"]:
+        return False
+    return not (slo.get("min_throughput_tok_s") and (m.get("throughput_tok_s") or 0) < slo["min_throughput_tok_s"])
+
+
+def frontier(evaluated: list[Evaluation], slo: dict[str, Any]) -> list[tuple[float, float, str]]:
+    """(p99 TPOT, $/h, deployment): the cheapest simulated deployment that keeps up, meets the other
+    objectives and each TPOT bound, as the bound loosens."""
     points = sorted(
         (e.metrics["tpot_ms_p99"], e.cost_per_hour, e.candidate.label())
         for e in evaluated
-        if e.metrics.get("tpot_ms_p99") and not e.metrics.get("unfinished") and not e.metrics.get("rejected")
+        if _meets_all_but_tpot(e, slo)
     )
     out: list[tuple[float, float, str]] = []
     for tpot, cost, label in points:
@@ -152,11 +164,11 @@ def plot_cost_frontier(evaluated: list[Evaluation], path: str | Path, slo: dict[
     fig, ax = plt.subplots(figsize=(7, 4.5))
     pts = [(e.metrics["tpot_ms_p99"], e.cost_per_hour) for e in evaluated if e.metrics.get("tpot_ms_p99")]
     if pts:
-        ax.scatter(*zip(*pts), s=10, color="lightgrey", label="simulated deployments")
-    front = frontier(evaluated)
+        ax.scatter(*zip(*pts), s=10, color="lightgrey", label="simulated deployments (any)")
+    front = frontier(evaluated, slo)
     if front:
         xs, ys = [p[0] for p in front], [p[1] for p in front]
-        ax.step(xs, ys, where="post", marker="o", label="cheapest meeting the bound")
+        ax.step(xs, ys, where="post", marker="o", label="cheapest meeting the bound and the other objectives")
     if slo.get("tpot_p99_ms"):
         ax.axvline(slo["tpot_p99_ms"], color="grey", linestyle="--", label="objective")
     ax.set_xlabel("p99 TPOT bound (ms)")

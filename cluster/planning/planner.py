@@ -132,9 +132,15 @@ class Evaluation:
     cost_per_hour: float
     metrics: dict[str, Any] = field(default_factory=dict)
 
+    same_as: str | None = None  # a larger max batch than a run that never filled it: that run's result
+
     @property
     def cost_per_mtok(self) -> float | None:
-        tput = self.metrics.get("throughput_tok_s")
+        """Price per million output tokens: at the offered token rate when the deployment keeps up
+        (its throughput over a finite run also counts the run's ramp and drain), else at its throughput."""
+        m = self.metrics
+        tput = m.get("offered_tok_s") if m.get("offered_tok_s") and not m.get("unfinished") else None
+        tput = tput or m.get("throughput_tok_s")
         return round(self.cost_per_hour / (tput * 3600.0) * 1e6, 4) if tput else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -249,7 +255,8 @@ class _Planner:
         hit = self._unbound.get(key)
         if hit is not None and hit[0] <= c.max_batch:
             prev = hit[1]
-            return Evaluation(c, prev.ok, list(prev.reasons), self._cost(c), dict(prev.metrics))
+            same = f"the run with batch {prev.candidate.max_batch} (it never filled it)"
+            return Evaluation(c, prev.ok, list(prev.reasons), self._cost(c), dict(prev.metrics), same)
         ev, res = self.evaluate(c)
         if res.peak_running < c.max_batch and (hit is None or c.max_batch < hit[0]):
             self._unbound[key] = (c.max_batch, ev)
@@ -291,6 +298,7 @@ class _Planner:
             "acceptance": s["acceptance"],
             "unfinished": res.unfinished,
             "rejected": res.rejected,
+            "offered_tok_s": round(sum(r.output_tokens for r in reqs) / max(max(r.t for r in reqs), 1e-9), 3),
         }
         reasons = self._check(metrics, len(reqs))
         return Evaluation(c, not reasons, reasons, self._cost(c), metrics), res
@@ -425,7 +433,7 @@ def plan(
         )
         return PlanResult(None, [], [], [], question, answer, p)
     evaluated, misfits = p.run()
-    ok = sorted((e for e in evaluated if e.ok), key=lambda e: e.cost_per_hour)
+    ok = sorted((e for e in evaluated if e.ok and e.same_as is None), key=lambda e: e.cost_per_hour)
     failed = [e for e in evaluated if not e.ok]
     question["simulations"] = p.sims
     if ok:
