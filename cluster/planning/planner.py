@@ -377,6 +377,23 @@ class _Planner:
         return evaluated, misfits
 
 
+def _distinct(evaluations: list[Evaluation]) -> list[Evaluation]:
+    """Drop a deployment that differs from an earlier one only by a max batch that never bound
+    (the same run, the same figures)."""
+    seen, out = set(), []
+    for e in evaluations:
+        m = e.metrics
+        key = (
+            dataclasses.astuple(dataclasses.replace(e.candidate, max_batch=0)),
+            m.get("tpot_ms_p99"),
+            m.get("ttft_ms_p99"),
+        )
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
 def _more_groups_help(before: Evaluation, after: Evaluation) -> bool:
     """Whether one more group improved what failed: a deployment that falls behind gains capacity;
     latencies that stay put (a group already runs its requests alone) will not improve further."""
@@ -433,7 +450,7 @@ def plan(
         )
         return PlanResult(None, [], [], [], question, answer, p)
     evaluated, misfits = p.run()
-    ok = sorted((e for e in evaluated if e.ok and e.same_as is None), key=lambda e: e.cost_per_hour)
+    ok = _distinct(sorted((e for e in evaluated if e.ok and e.same_as is None), key=lambda e: e.cost_per_hour))
     failed = [e for e in evaluated if not e.ok]
     question["simulations"] = p.sims
     if ok:
