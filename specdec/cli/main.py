@@ -19,6 +19,7 @@ from specdec.cli.bench_rebalance import add_bench_rebalance
 from specdec.cli.exit_codes import FAILED, OK, USAGE
 from specdec.cli.generate import add_generate
 from specdec.cli.log_format import TEXT_FORMAT
+from specdec.cli.plan import add_plan
 from specdec.cli.serve import add_serve
 from specdec.core import pack_prepare, packs
 
@@ -101,6 +102,7 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_bench,
     add_serve,
     add_bench_rebalance,
+    add_plan,
 ]
 
 
