@@ -7,6 +7,7 @@ YAML (see ``configs/default.yaml``)::
                placement, ...}
     draft:    {model | "ngram", replicas, dtype, ..., placement}   # or null: no draft pool
     router:   router.config.RouterConfig fields (host, port, metrics_port, k_policy, ...)
+    security: specdec.rpc.api_security.SecurityConfig fields (TLS, bearer tokens, worker secret)
 
 ``ray.address`` null starts an embedded local Ray cluster in the serving process (logical CPUs
 and the custom resources ``draft_gpu`` / ``target_gpu`` sized for the pools); "auto" joins the
@@ -28,6 +29,7 @@ from typing import Any
 import yaml
 
 from router.config import RouterConfig
+from specdec.rpc.api_security import SecurityConfig
 from specdec.rpc.worker_config import WorkerConfig, strict_from_dict
 
 __all__ = ["PoolConfig", "RayConfig", "ServeConfig", "load_config", "DEFAULT_CONFIG", "default_threads"]
@@ -146,23 +148,39 @@ class ServeConfig:
     draft: PoolConfig | None
     router: RouterConfig = field(default_factory=RouterConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ServeConfig:
         d = copy.deepcopy(d or {})
-        unknown = sorted(set(d) - {"target", "draft", "router", "ray"})
+        unknown = sorted(set(d) - {"target", "draft", "router", "ray", "security"})
         if unknown:
-            raise ValueError(f"config: unknown sections {unknown} (known: ray, target, draft, router)")
+            raise ValueError(f"config: unknown sections {unknown} (known: ray, target, draft, router, security)")
         if not d.get("target"):
             raise ValueError("config: a 'target' section with a model is required")
         router = RouterConfig.from_dict(d.get("router") or {})
         pipelined = router.predraft or router.micro_batches > 1  # drafting overlaps the verify
-        target = PoolConfig.from_dict(d["target"], "target", pipelined)
         draft_d = d.get("draft")
-        draft = None
-        if draft_d and str(draft_d.get("model", "")).lower() not in ("", "none", "off"):
-            draft = PoolConfig.from_dict(draft_d, "draft", pipelined)
-        return cls(target=target, draft=draft, router=router, ray=RayConfig.from_dict(d.get("ray")))
+        has_draft = bool(draft_d) and str(draft_d.get("model", "")).lower() not in ("", "none", "off")
+        for section in [d["target"]] + ([draft_d] if has_draft else []):
+            # the workers refuse drafts longer than any the router asks for
+            if section.get("max_k") is None:
+                section["max_k"] = router.k_policy.k_max
+        target = PoolConfig.from_dict(d["target"], "target", pipelined)
+        draft = PoolConfig.from_dict(draft_d, "draft", pipelined) if has_draft else None
+        for role, pool in (("target", target), ("draft", draft)):
+            if pool is not None and pool.worker.max_k < router.k_policy.k_max:
+                raise ValueError(
+                    f"{role}.max_k ({pool.worker.max_k}) is below router.k_policy.k_max ({router.k_policy.k_max}): "
+                    "the workers would refuse the router's own drafts"
+                )
+        return cls(
+            target=target,
+            draft=draft,
+            router=router,
+            ray=RayConfig.from_dict(d.get("ray")),
+            security=SecurityConfig.from_dict(d.get("security")),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -170,6 +188,7 @@ class ServeConfig:
             "target": self.target.to_dict(),
             "draft": self.draft.to_dict() if self.draft else None,
             "router": self.router.to_dict() | {"k_policy": dataclasses.asdict(self.router.k_policy)},
+            "security": self.security.to_dict(),
         }
 
 
@@ -189,11 +208,13 @@ def load_config(
     metrics_port: int | None = None,
     address: str | None = None,
     tensor_parallel: int | None = None,
+    security: dict[str, Any] | None = None,
 ) -> ServeConfig:
     """Read the YAML (default ``configs/default.yaml``) and apply command-line overrides.
 
     ``draft`` "none" removes the draft pool (the router can still draft with n-grams); ``dtype``
-    applies to both pools; ``address`` sets ``ray.address``; ``tensor_parallel`` the target's ranks.
+    applies to both pools; ``address`` sets ``ray.address``; ``tensor_parallel`` the target's ranks;
+    ``security`` keys replace the section's.
     """
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
@@ -228,4 +249,6 @@ def load_config(
         raw["router"]["metrics_port"] = None if metrics_port < 0 else metrics_port
     if address is not None:
         raw["ray"]["address"] = None if address in ("", "local", "embedded") else address
+    if security:
+        raw["security"] = {**(raw.get("security") or {}), **security}
     return ServeConfig.from_dict(raw)

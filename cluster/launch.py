@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.config import PoolConfig, ServeConfig
+from cluster.local_ray import check_loopback, pin_loopback_node
 from cluster.placement import check_tensor_parallel, embedded_node
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ def start_ray(cfg: ServeConfig) -> bool:
     num_cpus, resources = embedded_node(cfg)
     log.info("starting an embedded Ray cluster: %d logical CPUs, resources %s", num_cpus, resources)
     system = {"worker_niceness": rc.worker_niceness} if rc.worker_niceness is not None else None
+    pin_loopback_node()  # every Ray process binds 127.0.0.1 (cluster/local_ray.py)
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -107,6 +109,7 @@ def start_ray(cfg: ServeConfig) -> bool:
         _node_ip_address="127.0.0.1",
         _system_config=system,
     )
+    check_loopback()
     return True
 
 
@@ -156,10 +159,13 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
     """Start everything; returns once the router serves. The caller stops it (``Deployment.stop``)."""
     from router.server import RouterThread, TargetBinding
     from router.workers import ActorEndpoint
+    from specdec.rpc.worker_secret import ensure_secret
 
     check_models(cfg)
     nodes = _known_nodes(cfg)
     check_tensor_parallel(cfg, nodes)  # bad values fail here, before Ray or any worker starts
+    cfg.security.check_files()
+    ensure_secret(cfg.security.worker_secret_file)  # before Ray starts: its processes inherit it
     started = start_ray(cfg)
     dep = Deployment(config=cfg, router=None, started_ray=started)
     try:
@@ -192,7 +198,9 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
             initial = {f"target-{i}": ("target", h) for i, h in enumerate(dep.targets)}
             initial.update({f"draft-{i}": ("draft", h) for i, h in enumerate(dep.drafts)})
             dep.actuator = RayPoolActuator(cfg, initial)
-        dep.router = RouterThread(bindings, cfg.router, actuator=dep.actuator).start(connect_timeout)
+        dep.router = RouterThread(bindings, cfg.router, actuator=dep.actuator, security=cfg.security).start(
+            connect_timeout
+        )
     except BaseException:
         dep.stop(grace=0)
         raise

@@ -27,6 +27,7 @@ from pathlib import Path
 import grpc
 
 from router.autoscaler import Autoscaler, PoolActuator
+from router.client_limit import ClientLimiter
 from router.config import RouterConfig
 from router.detok import Detokenizer, resolve_model_dir
 from router.drafter_pool import DrafterPool
@@ -37,9 +38,11 @@ from router.retry import worker_recovery_estimate
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
 from router.tokenizer_link import TokenizerMismatch, drafter_mismatch, fetch_detokenizer
+from router.worker_stats import poll_free_slots
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
 from specdec.core.tokenizer_spec import vocab_fingerprint
 from specdec.rpc import generate_pb2, generate_pb2_grpc
+from specdec.rpc.api_security import SecurityConfig
 from specdec.rpc.errors import RpcStatusError
 from specdec.rpc.server import announce_aio_shutdown, start_aio_server
 
@@ -66,17 +69,22 @@ class TargetBinding:
 
 
 class Router:
+    """``security``: TLS and bearer tokens on the public port (none by default; the calls to the
+    workers carry the worker secret of this process's environment either way)."""
+
     def __init__(
         self,
         bindings: Sequence[TargetBinding],
         config: RouterConfig | None = None,
         metrics: Metrics | None = None,
         actuator: PoolActuator | None = None,
+        security: SecurityConfig | None = None,
     ):
         if not bindings:
             raise ValueError("the router needs at least one target worker")
         self.bindings = list(bindings)
         self.config = config or RouterConfig()
+        self.security = security or SecurityConfig()
         self.metrics = metrics or Metrics()
         self.schedulers: list[TargetScheduler] = []
         self.targets: list[WorkerClient] = []
@@ -88,6 +96,7 @@ class Router:
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self._slots_task: asyncio.Task | None = None
         self._detoks: dict[Path, Detokenizer] = {}
         self.target_fingerprints: dict[str, str] = {}  # target name -> tokenizer fingerprint
         self.refused: dict[str, str] = {}  # drafter name -> why (tokenizer mismatch)
@@ -161,11 +170,18 @@ class Router:
         if self.autoscaler is not None:
             self.autoscaler.start(cfg.rebalance.period_s)
         servicer = GenerationService(self)
+        limiter = ClientLimiter(cfg.max_inflight_per_client, servicer.limited)
         self.server, self.port = await start_aio_server(
             [(generate_pb2_grpc.add_GenerationServicer_to_server, servicer, SERVICE_NAME)],
             cfg.host,
             cfg.port,
             on_refused=servicer.refused,
+            options=cfg.connection_limits().server_options(),
+            interceptors=[*self.security.aio_interceptors(servicer.denied), limiter],
+            credentials=self.security.server_credentials(),
+        )
+        self._slots_task = asyncio.get_running_loop().create_task(
+            poll_free_slots(lambda: self.targets + [d for d in self.drafts if d is not None], self.metrics)
         )
         if cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
@@ -185,6 +201,8 @@ class Router:
         await self.rebalancer.stop()
         if self.autoscaler is not None:
             await self.autoscaler.stop()
+        if self._slots_task is not None:
+            self._slots_task.cancel()
         if self.server is not None:
             await self.server.stop(1.0)
         for w in self.targets + self.pool.clients:
@@ -322,8 +340,9 @@ class RouterThread:
         bindings: Sequence[TargetBinding],
         config: RouterConfig | None = None,
         actuator: PoolActuator | None = None,
+        security: SecurityConfig | None = None,
     ):
-        self.router = Router(bindings, config, actuator=actuator)
+        self.router = Router(bindings, config, actuator=actuator, security=security)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="specdec-router", daemon=True)
 

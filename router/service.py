@@ -183,6 +183,20 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         self.router.metrics.requests.labels("invalid_argument").inc()
         AccessRecord(method.rsplit("/", 1)[-1], peer, status=error.code.name).emit()
 
+    def _turned_away(self, method: str, peer: str, code: grpc.StatusCode, outcome: str) -> None:
+        rpc = method.rsplit("/", 1)[-1]
+        if rpc in ("Generate", "GenerateStream"):
+            self.router.metrics.requests.labels(outcome).inc()
+        AccessRecord(rpc, peer, status=code.name).emit()
+
+    def denied(self, method: str, peer: str) -> None:
+        """A call without a valid token (specdec.rpc.auth): counted, with its access line."""
+        self._turned_away(method, peer, grpc.StatusCode.UNAUTHENTICATED, "unauthenticated")
+
+    def limited(self, method: str, peer: str) -> None:
+        """A call beyond its client's limit (router.client_limit): counted, with its access line."""
+        self._turned_away(method, peer, grpc.StatusCode.RESOURCE_EXHAUSTED, "resource_exhausted")
+
     # ---- RPCs ----------------------------------------------------------------------------------
     async def Generate(self, request: generate_pb2.GenerateRequest, context) -> generate_pb2.GenerateResponse:
         call = _Call(AccessRecord("Generate", context.peer()))

@@ -1,7 +1,9 @@
 """specdec.v1.TargetService over a TargetVerifier: Prefill, Verify, Release, Tokenize, Info, GetTokenizer.
 
 The servicer is a thin shell: it decodes and validates the messages (bad input is refused before
-the model is touched, so a bad item never leaves a batch half done), holds one lock around the
+the model is touched, so a bad item never leaves a batch half done; so is work no router round
+asks for: more sequences than KV slots, a draft longer than ``max_k``, more tokens than the
+context: INVALID_ARGUMENT), holds one lock around the
 runner (the gRPC thread pool calls concurrently), and lets the core do the work. Caches are keyed
 by request id and rebuilt from the committed tokens in every call (DESIGN.md invariant 1).
 """
@@ -16,7 +18,7 @@ import grpc
 
 from specdec.core.params import InvalidParams
 from specdec.core.prompts import encode_prompt
-from specdec.core.runner import ContextFull, SlotsExhausted
+from specdec.core.runner import SlotsExhausted
 from specdec.core.target import TargetVerifier, VerifyItem
 from specdec.core.tokenizer_spec import TokenizerSpec, export_tokenizer
 from specdec.rpc import worker_pb2, worker_pb2_grpc
@@ -50,8 +52,10 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         dtype: str,
         device: str,
         eos_token_ids: Iterable[int] = (),
+        max_k: int = 16,
     ):
         self.verifier = verifier
+        self.max_k = max_k
         self.runner = verifier.runner
         self.tokenizer = tokenizer
         self.model_name, self.dtype, self.device = model_name, dtype, device
@@ -73,10 +77,15 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         need = len(seq.tokens) + extra
         if need > self.runner.max_len:
             what = f"{len(seq.tokens)} tokens" + (f" + {extra} draft tokens" if extra else "")
-            raise ContextFull(
-                f"{field}: request {seq.request_id!r} has {what}, more than the target's "
-                f"context of {self.runner.max_len} tokens"
+            raise InvalidParams(
+                field,
+                f"request {seq.request_id!r} has {what}, more than the target's context "
+                f"of {self.runner.max_len} tokens",
             )
+
+    def _check_batch(self, n: int, field: str) -> None:
+        if n > self.runner.num_slots:
+            raise InvalidParams(field, f"{n} sequences in one call; this worker has {self.runner.num_slots} KV slots")
 
     def _check_capacity(self, ids: list[str]) -> None:
         """Refuse the whole call up front when its new requests do not fit (free + idle slots)."""
@@ -105,6 +114,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
     # ---- RPCs --------------------------------------------------------------------------------
     @rpc_method
     def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
+        self._check_batch(len(request.sequences), "sequences")
         vocab = self.runner.vocab_size
         seqs = [sequence_from_proto(s, vocab, "sequences") for s in request.sequences]
         _unique_ids((s.request_id for s in seqs), "sequences.request_id")
@@ -122,9 +132,13 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
 
     @rpc_method
     def Verify(self, request: worker_pb2.VerifyRequest, context) -> worker_pb2.VerifyResponse:
+        self._check_batch(len(request.items), "items")
         vocab = self.runner.vocab_size
         items = []
         for item in request.items:
+            if len(item.draft.tokens) > self.max_k:
+                n = len(item.draft.tokens)
+                raise InvalidParams("items.draft.tokens", f"{n} draft tokens; this worker takes at most {self.max_k}")
             seq = sequence_from_proto(item.sequence, vocab, "items.sequence")
             if item.draft.request_id and item.draft.request_id != seq.request_id:
                 raise InvalidParams(
@@ -214,4 +228,5 @@ def target_servicer(cfg: WorkerConfig, loaded, runner) -> TargetServicer:
         dtype=cfg.dtype,
         device=loaded.device.type,
         eos_token_ids=loaded.eos_token_ids,
+        max_k=cfg.max_k,
     )

@@ -19,6 +19,7 @@ from typing import Any
 from specdec.bench.stats import percentile
 from specdec.core.prompts import Prompt
 from specdec.rpc.client import SpecdecClient
+from specdec.rpc.client_credentials import ClientCredentials
 
 __all__ = ["MixedOptions", "bench_mixed", "format_mixed"]
 
@@ -59,9 +60,11 @@ def _stream(client: SpecdecClient, ids: list[int], max_tokens: int, timeout: flo
     rec["t_end"] = time.perf_counter()
 
 
-def _one_run(address: str, stream_ids: list[list[int]], long_ids: list[list[int]], o: MixedOptions) -> dict:
+def _one_run(
+    address: str, stream_ids: list[list[int]], long_ids: list[list[int]], o: MixedOptions, credentials=None
+) -> dict:
     """The streams run closed loop (a new request when one ends) until the burst has finished."""
-    client = SpecdecClient(address, wait_ready=60.0)
+    client = SpecdecClient(address, wait_ready=60.0, credentials=credentials)
     streams: list[list[dict]] = [[] for _ in stream_ids]
     longs: list[dict] = [{} for _ in long_ids]
     burst_done = threading.Event()
@@ -130,6 +133,7 @@ def bench_mixed(
     encode: Callable[[Prompt], list[int]],
     options: MixedOptions,
     progress: Callable[[str], None] | None = None,
+    credentials: ClientCredentials | None = None,
 ) -> dict[str, Any]:
     """Run the mixed workload on each server (``{label: address}``), alternating, ``repeat`` times."""
     progress = progress or (lambda msg: None)
@@ -143,7 +147,7 @@ def bench_mixed(
                 for i in range(options.long_prompts)
             ]
             progress(f"{label} ({address}): run {rep + 1}/{options.repeat}")
-            runs[label].append(_one_run(address, stream_ids, long_ids, options))
+            runs[label].append(_one_run(address, stream_ids, long_ids, options, credentials))
     first = next(iter(servers))
     reference = runs[first][0]["stream_tokens"]
     result = {"options": options.__dict__, "servers": servers, "runs": runs, "summary": {}}

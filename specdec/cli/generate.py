@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from specdec.cli.credentials import add_client_credential_args
 from specdec.core.draft_options import add_draft_option_flags, draft_options_from_args
 from specdec.core.dtypes import DTYPE_NAMES
 
@@ -94,6 +95,7 @@ def _run_remote(args: argparse.Namespace) -> dict:
     """
     import grpc
 
+    from specdec.cli.credentials import client_credentials
     from specdec.rpc.client import SpecdecClient
 
     draft = (args.draft or "").lower()
@@ -114,7 +116,11 @@ def _run_remote(args: argparse.Namespace) -> dict:
         verify_mode=args.verify,
     )
     try:
-        with SpecdecClient(args.server) as client:
+        credentials = client_credentials(args)
+    except (ValueError, OSError) as exc:
+        raise RemoteError(f"credentials: {exc}") from None
+    try:
+        with SpecdecClient(args.server, credentials=credentials) as client:
             t0 = time.perf_counter()
             out = client.generate(args.prompt, **kwargs)
             gen_s = time.perf_counter() - t0
@@ -198,5 +204,6 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-context", type=int, default=4096, help="KV-cache length per sequence")
     p.add_argument("--tp", type=_positive, default=1, help="tensor-parallel ranks for the target (local processes)")
     p.add_argument("--server", default=None, metavar="HOST:PORT", help="send the request to a running service")
+    add_client_credential_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_generate)

@@ -5,7 +5,7 @@
 * :func:`server_interceptor` / :func:`aio_server_interceptor`: refuse a call without a valid
   ``authorization: Bearer <token>`` (public API) or ``x-specdec-internal: <secret>`` (workers) with
   UNAUTHENTICATED and a message that gives nothing away; some methods (health, reflection) can
-  be exempt.
+  be exempt; ``on_denied(method, peer)`` is told of each refusal (counting, the access log).
 * :func:`credentials_metadata`: what a client adds to each call; :func:`server_tls` /
   :func:`channel_tls`: TLS (and mTLS with a client CA) credentials from PEM files.
 """
@@ -92,18 +92,34 @@ def _checker(tokens: Tokens, header: str, exempt: Sequence[str]) -> Callable[[gr
     return allowed
 
 
-def _deny_handler(handler: grpc.RpcMethodHandler | None, is_aio: bool) -> grpc.RpcMethodHandler | None:
+OnDenied = Callable[[str, str], None]  # (method, peer)
+
+
+def _tell(on_denied: OnDenied | None, method: str, context) -> None:
+    if on_denied is None:
+        return
+    try:
+        on_denied(method, context.peer())
+    except Exception:  # noqa: BLE001 - counting must not change the answer
+        log.exception("on_denied callback failed")
+
+
+def _deny_handler(
+    handler: grpc.RpcMethodHandler | None, is_aio: bool, method: str = "", on_denied: OnDenied | None = None
+) -> grpc.RpcMethodHandler | None:
     if handler is None:
         return None
 
     if is_aio:
 
         async def deny(request, context):
+            _tell(on_denied, method, context)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSED)
 
     else:
 
         def deny(request, context):
+            _tell(on_denied, method, context)
             context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSED)
 
     kw = dict(request_deserializer=None, response_serializer=None)  # the request is never read
@@ -117,29 +133,39 @@ def _deny_handler(handler: grpc.RpcMethodHandler | None, is_aio: bool) -> grpc.R
 
 
 class _Interceptor(grpc.ServerInterceptor):
-    def __init__(self, allowed: Callable[[grpc.HandlerCallDetails], bool]):
+    def __init__(self, allowed: Callable[[grpc.HandlerCallDetails], bool], on_denied: OnDenied | None):
         self.allowed = allowed
+        self.on_denied = on_denied
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        return handler if self.allowed(handler_call_details) else _deny_handler(handler, is_aio=False)
+        if self.allowed(handler_call_details):
+            return handler
+        return _deny_handler(handler, False, handler_call_details.method, self.on_denied)
 
 
 class _AioInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, allowed: Callable[[grpc.HandlerCallDetails], bool]):
+    def __init__(self, allowed: Callable[[grpc.HandlerCallDetails], bool], on_denied: OnDenied | None):
         self.allowed = allowed
+        self.on_denied = on_denied
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        return handler if self.allowed(handler_call_details) else _deny_handler(handler, is_aio=True)
+        if self.allowed(handler_call_details):
+            return handler
+        return _deny_handler(handler, True, handler_call_details.method, self.on_denied)
 
 
-def server_interceptor(tokens: Tokens, header: str, exempt: Sequence[str] = ()) -> grpc.ServerInterceptor:
-    return _Interceptor(_checker(tokens, header, exempt))
+def server_interceptor(
+    tokens: Tokens, header: str, exempt: Sequence[str] = (), on_denied: OnDenied | None = None
+) -> grpc.ServerInterceptor:
+    return _Interceptor(_checker(tokens, header, exempt), on_denied)
 
 
-def aio_server_interceptor(tokens: Tokens, header: str, exempt: Sequence[str] = ()) -> grpc.aio.ServerInterceptor:
-    return _AioInterceptor(_checker(tokens, header, exempt))
+def aio_server_interceptor(
+    tokens: Tokens, header: str, exempt: Sequence[str] = (), on_denied: OnDenied | None = None
+) -> grpc.aio.ServerInterceptor:
+    return _AioInterceptor(_checker(tokens, header, exempt), on_denied)
 
 
 def credentials_metadata(token: str | None, header: str = PUBLIC_HEADER) -> tuple[tuple[str, str], ...]:

@@ -8,6 +8,10 @@
         for chunk in client.generate_stream("def fib(n):", max_tokens=64):
             print(chunk.text, end="", flush=True)
 
+With TLS or a bearer token on the server, pass :class:`specdec.rpc.client_credentials.ClientCredentials`
+(``credentials=ClientCredentials.load(token_file="token", ca="ca.pem")``); by default the client
+sends the token in ``$SPECDEC_API_TOKEN`` when that is set, over plaintext.
+
 Errors come back as :class:`specdec.rpc.client_errors.SpecdecError` (a ``grpc.RpcError`` with
 ``code()`` and ``details()``), one subclass per common code, carrying the server's status details:
 
@@ -32,6 +36,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.rpc import generate_pb2, generate_pb2_grpc
+from specdec.rpc.client_credentials import ClientCredentials
 from specdec.rpc.client_errors import (
     DeadlineExceeded,
     FieldViolation,
@@ -43,9 +48,11 @@ from specdec.rpc.client_errors import (
     from_rpc_error,
 )
 from specdec.rpc.convert import mode_to_proto, spec_mode_to_proto
+from specdec.rpc.grpc_options import channel_options
 
 __all__ = [
     "SpecdecClient",
+    "ClientCredentials",
     "GenerateResult",
     "StreamChunk",
     "TokenizeResult",
@@ -166,10 +173,18 @@ def _structured_errors(call) -> Iterator:
 class SpecdecClient:
     """Blocking client of one specdec router (``host:port``); thread-safe like a gRPC channel."""
 
-    def __init__(self, address: str, *, timeout: float | None = None, wait_ready: float | None = 10.0):
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float | None = None,
+        wait_ready: float | None = 10.0,
+        credentials: ClientCredentials | None = None,
+    ):
         self.address = address
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.credentials = credentials if credentials is not None else ClientCredentials.load()
+        self.channel = self.credentials.channel(address, channel_options(64 << 20))
         self.stub = generate_pb2_grpc.GenerationStub(self.channel)
         if wait_ready:
             try:

@@ -5,7 +5,9 @@ client) lists the services through reflection, calls Generate, Tokenize, ListMod
 check, and sees an error's google.rpc details (the README's API section shows these calls);
 `specdec generate --server` must print the same JSON (text, token_ids, finish_reason, usage) as the
 local `specdec generate`; /metrics shows specdec_ series; the access log has a JSON line per request;
-SIGTERM ends it cleanly (exit code 0).
+every socket the service and its Ray cluster listen on is on the loopback interface, the workers
+refuse calls without the secret made for this start (which no log shows), and Ray refuses a wrong
+token; SIGTERM ends it cleanly (exit code 0).
 """
 
 from __future__ import annotations
@@ -60,10 +62,12 @@ def served(smollm_path, tmp_path_factory):
     path = tmp / "serve.yaml"
     path.write_text(yaml.safe_dump(config))
     log = open(tmp / "serve.log", "w+")
+    env = _env()
+    env.pop("SPECDEC_WORKER_SECRET", None)  # `specdec serve` makes its own, as for a user
     proc = subprocess.Popen(
         [*SPECDEC, "serve", "--config", str(path), "--log-format", "json"],
         cwd=REPO,
-        env=_env(),
+        env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -225,6 +229,94 @@ def test_metrics_endpoint(served):
     assert samples.get("specdec_drafted_tokens_total", 0) > 0
     assert any(k.startswith('specdec_requests_total{outcome="invalid_argument"') for k in samples)
     assert 'specdec_worker_up{role="target",worker="target-0"} 1.0' in text
+
+
+def _listening(pid: int) -> list[tuple[str, str, int]]:
+    """(process, address, port) of every listening TCP socket of ``pid`` and its descendants."""
+    import psutil
+
+    root = psutil.Process(pid)
+    out = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            name = f"{p.name()} {' '.join(p.cmdline())[:80]}"
+            out += [(name, c.laddr.ip, c.laddr.port) for c in p.net_connections("inet") if c.status == "LISTEN"]
+        except psutil.Error:  # it ended meanwhile
+            pass
+    return out
+
+
+def _worker_addresses(log_path: Path) -> list[tuple[str, str]]:
+    """(role, address) of the workers, from the launcher's "<role> workers ready at ..." lines."""
+    found = []
+    for line in log_path.read_text().splitlines():
+        if line.startswith("{") and "workers ready at" in line:
+            message = json.loads(line)["message"]
+            found += [(message.split()[0], a) for a in message.split(" at ", 1)[1].split(", ")]
+    return found
+
+
+def test_only_loopback_sockets_and_internal_calls_need_secrets(served):
+    """The embedded deployment binds nothing but 127.0.0.1 (router, metrics, workers, and Ray's GCS,
+    raylet, agents and workers: cluster/local_ray.py); the workers refuse a caller without this
+    start's secret; Ray refuses a wrong token; the secret is in no log."""
+    import psutil
+
+    from cluster.local_ray import is_loopback
+    from specdec.rpc import worker_pb2, worker_pb2_grpc
+    from specdec.rpc.auth import INTERNAL_HEADER
+
+    sockets = _listening(served["proc"].pid)
+    ports = {port for _, _, port in sockets}
+    workers = _worker_addresses(served["log_path"])
+    assert [r for r, _ in workers] == ["target", "draft"] and {int(a.rsplit(":", 1)[1]) for _, a in workers} <= ports
+    assert {int(served["address"].rsplit(":", 1)[1]), served["metrics_port"]} <= ports
+    exposed = [s for s in sockets if not is_loopback(s[1])]
+    assert not exposed, exposed
+    assert any("gcs_server" in name for name, _, _ in sockets) and any("raylet" in name for name, _, _ in sockets)
+    # and from this machine's other addresses, every one of those ports is closed
+    outside = [
+        a.address
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family == socket.AF_INET and not is_loopback(a.address)
+    ]
+    for host in outside:
+        for _, _, port in sockets:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection((host, port), timeout=5).close()
+
+    for role, address in workers:
+        stub_cls = worker_pb2_grpc.TargetServiceStub if role == "target" else worker_pb2_grpc.DraftServiceStub
+        with grpc.insecure_channel(address) as ch:
+            for metadata in (None, [(INTERNAL_HEADER, "not-the-secret-" + "0" * 20)]):
+                with pytest.raises(grpc.RpcError) as err:
+                    stub_cls(ch).Info(worker_pb2.InfoRequest(), metadata=metadata, timeout=10)
+                assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED, role
+
+    # Ray's own token auth: a client with the wrong token is refused by the GCS (the variable keeps
+    # Ray from swapping 127.0.0.1 for this machine's address, where nothing listens)
+    gcs = next(f"127.0.0.1:{port}" for name, _, port in sockets if "gcs_server" in name)
+    env = dict(_env(), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="f" * 64, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    status = subprocess.run(
+        [sys.executable, "-m", "ray.scripts.scripts", "status", "--address", gcs],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert status.returncode != 0 and "InvalidAuthToken" in status.stdout + status.stderr, status.stderr[-2000:]
+
+    # the secret made for this start: in the environment of the processes started after it (/proc
+    # shows a process's environment as it started), in no log (ours or Ray's)
+    raylet = next(p for p in psutil.Process(served["proc"].pid).children(recursive=True) if "raylet" in p.name())
+    secret = raylet.environ()["SPECDEC_WORKER_SECRET"]
+    assert len(secret) >= 32 and secret not in served["log_path"].read_text()
+    log_dir = Path(next(a.split("=", 1)[1] for a in raylet.cmdline() if a.startswith("--log_dir=")))
+    assert log_dir.is_dir()
+    for f in log_dir.rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
 
 
 def test_sigterm_shuts_down_cleanly(served):

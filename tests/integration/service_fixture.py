@@ -10,11 +10,10 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-import grpc
-
 from specdec.core.request_state import KPolicy
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.client import SpecdecClient
+from specdec.rpc.worker_secret import worker_channel
 
 MAX_LEN = 1024
 SLOTS = 8
@@ -26,9 +25,9 @@ def worker_config(path) -> dict:
 
 
 class Service:
-    def __init__(self, router, target, draft, paths):
+    def __init__(self, router, target, draft, paths, credentials=None):
         self.router, self.target, self.draft, self.paths = router, target, draft, paths
-        self.client = SpecdecClient(router.address)
+        self.client = SpecdecClient(router.address, credentials=credentials)
         self.stub = self.client.stub
 
     def worker_info(self, role: str) -> worker_pb2.WorkerInfo:
@@ -37,7 +36,7 @@ class Service:
         handle = self.target if role == "target" else self.draft
         address = ray.get(handle.address.remote(), timeout=120)
         stub_cls = worker_pb2_grpc.TargetServiceStub if role == "target" else worker_pb2_grpc.DraftServiceStub
-        with grpc.insecure_channel(address) as ch:
+        with worker_channel(address) as ch:  # the workers require the session's secret
             return stub_cls(ch).Info(worker_pb2.InfoRequest(), timeout=10)
 
     def wait_slots_free(self, timeout: float = 20.0) -> None:
@@ -54,9 +53,10 @@ class Service:
 
 
 @contextmanager
-def running_service(actor_reaper, tiny_paths, **router_config):
-    """Start the workers and the router (``router_config`` overrides the test defaults); stop the
-    router at the end (the actors go with ``actor_reaper``)."""
+def running_service(actor_reaper, tiny_paths, security=None, credentials=None, **router_config):
+    """Start the workers and the router (``router_config`` overrides the test defaults; ``security``:
+    a SecurityConfig for the public port, ``credentials`` the client's); stop the router at the end
+    (the actors go with ``actor_reaper``)."""
     from draft_worker.actor import spawn_draft_worker
     from router.config import RouterConfig
     from router.server import RouterThread, TargetBinding
@@ -85,8 +85,8 @@ def running_service(actor_reaper, tiny_paths, **router_config):
         "tiny-llama-draft",
         tokenizer=str(tiny_paths["llama"]),
     )
-    router = RouterThread([binding], RouterConfig(**config)).start(connect_timeout=300)
-    svc = Service(router, target, draft, tiny_paths)
+    router = RouterThread([binding], RouterConfig(**config), security=security).start(connect_timeout=300)
+    svc = Service(router, target, draft, tiny_paths, credentials)
     try:
         yield svc
     finally:
