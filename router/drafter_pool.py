@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 __all__ = ["DrafterPool"]
 
 _calls = itertools.count()
+_FIT_WEIGHT = 0.2  # of each call in a drafter's wait line
+_SURPRISE = 2.0  # a call this many times slower (or faster) than the line predicts is a surprise ...
+_SURPRISES = 2  # ... and this many in a row mean the drafter changed: the fit starts over
 
 
 @dataclass
@@ -55,7 +58,8 @@ class _Drafter:
     step_s: float | None = None  # at REF_K, from the line when there is one, else the EWMA per step
     fixed_s: float = 0.0
     measured_at: float = -math.inf
-    waits: LineFit = field(default_factory=lambda: LineFit(0.1))  # a call's wait by its draft steps
+    waits: LineFit = field(default_factory=lambda: LineFit(_FIT_WEIGHT))  # a call's wait by its draft steps
+    surprises: int = 0  # consecutive calls far off the fitted line (+ slower, - faster)
     running: dict[int, tuple[float, int]] = field(default_factory=dict)  # call -> (start, draft steps)
     jobs: set[str] = field(default_factory=set)  # keys of the requests drafting here
     late: asyncio.Task | None = None  # a Propose that missed its round's deadline, still running
@@ -179,8 +183,21 @@ class DrafterPool:
         now = time.monotonic()
         wait = now - (t0 if since is None else min(since, t0))
         fresh = now - d.measured_at <= self.policy.stale_s and d.step_s is not None
+        if fresh:
+            predicted = d.fixed_s + max(0.0, d.step_s - d.fixed_s / REF_K) * steps
+            off = 1 if wait > _SURPRISE * predicted else -1 if wait * _SURPRISE < predicted else 0
+            d.surprises = d.surprises + off if off and off * d.surprises >= 0 else off
+            if abs(d.surprises) >= _SURPRISES:
+                log.info(
+                    "draft worker %s changed speed (%.1f ms for %d steps, expected %.1f)",
+                    name,
+                    1000 * wait,
+                    steps,
+                    1000 * predicted,
+                )
+                fresh, d.surprises = False, 0
         if not fresh:
-            d.waits = LineFit(0.1)  # a new regime (first call, or back after a long pause)
+            d.waits = LineFit(_FIT_WEIGHT)  # a new regime (first call, back after a pause, or changed)
         d.waits.add(float(steps), wait)
         line = d.waits.line(at=0.0)
         if line is not None and line[0] >= 0 and line[1] > 0:
