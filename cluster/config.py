@@ -3,7 +3,8 @@
 YAML (see ``configs/default.yaml``)::
 
     ray:      {address: null | "auto" | "host:port", namespace, num_cpus, resources}
-    target:   {model, name, tokenizer, replicas, dtype, device, num_slots, max_len, threads, placement, ...}
+    target:   {model, name, tokenizer, replicas, tensor_parallel, dtype, device, num_slots, max_len, threads,
+               placement, ...}
     draft:    {model | "ngram", replicas, dtype, ..., placement}   # or null: no draft pool
     router:   router.config.RouterConfig fields (host, port, metrics_port, k_policy, ...)
     security: specdec.rpc.api_security.SecurityConfig fields (TLS, bearer tokens, worker secret)
@@ -11,7 +12,7 @@ YAML (see ``configs/default.yaml``)::
 ``ray.address`` null starts an embedded local Ray cluster in the serving process (logical CPUs
 and the custom resources ``draft_gpu`` / ``target_gpu`` sized for the pools); "auto" joins the
 running cluster (``ray up`` / ``ray start``). Worker keys other than replicas / placement / name /
-tokenizer go to :class:`specdec.rpc.worker_config.WorkerConfig`.
+tokenizer / tensor_parallel / tp_timeout_s go to :class:`specdec.rpc.worker_config.WorkerConfig`.
 
 Torch-free and Ray-free: the CLI parses and validates a config before starting anything.
 """
@@ -35,7 +36,9 @@ __all__ = ["PoolConfig", "RayConfig", "ServeConfig", "load_config", "DEFAULT_CON
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
-_POOL_KEYS = {"replicas", "placement", "name", "tokenizer"}
+# Target keys a draft pool made from the target section (``--draft`` without one) does not copy.
+_DRAFT_SKIPS = ("name", "tokenizer", "placement", "threads", "replicas", "tensor_parallel", "tp_timeout_s")
+_POOL_KEYS = {"replicas", "placement", "name", "tokenizer", "tensor_parallel", "tp_timeout_s"}
 
 
 def default_threads(role: str, cores: int | None = None, pipelined: bool = False) -> int:
@@ -64,11 +67,20 @@ class PoolConfig:
     replicas: int = 1
     placement: dict | None = None
     name: str | None = None  # the model name clients use (default: worker.model)
-    tokenizer: str | None = None  # target only: where tokenizer.json is (default: worker.model)
+    tokenizer: str | None = None  # target only: a local tokenizer.json folder (default: the worker sends it)
+    # Target only: ranks per worker (one placement-group bundle each, all on one node); they split
+    # the worker's threads. A collective waiting longer than tp_timeout_s restarts the group.
+    tensor_parallel: int = 1
+    tp_timeout_s: float = 60.0
 
     @property
     def model_name(self) -> str:
         return self.name or self.worker.model
+
+    @property
+    def actors(self) -> int:
+        """Worker processes the pool runs (each takes one bundle of ``placement``)."""
+        return self.replicas * self.tensor_parallel
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], role: str, pipelined: bool = False) -> PoolConfig:
@@ -87,17 +99,29 @@ class PoolConfig:
             raise ValueError(f"{role}.replicas must be an integer >= 1 (got {replicas!r})")
         if role == "target" and worker.model.lower() == "ngram":
             raise ValueError("target.model: a target needs a model, not 'ngram'")
+        tp = pool.get("tensor_parallel", 1)
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"{role}.tensor_parallel must be an integer >= 1 (got {tp!r})")
+        if role != "target" and tp != 1:
+            raise ValueError(f"{role}.tensor_parallel: only the target pool is tensor-parallel (drafters run at 1)")
+        timeout = pool.get("tp_timeout_s", 60.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError(f"{role}.tp_timeout_s must be a number of seconds > 0 (got {timeout!r})")
         return cls(
             worker=worker,
             replicas=replicas,
             placement=pool.get("placement"),
             name=pool.get("name"),
             tokenizer=pool.get("tokenizer"),
+            tensor_parallel=tp,
+            tp_timeout_s=float(timeout),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out = self.worker.to_dict()
         out.update(replicas=self.replicas, placement=self.placement, name=self.name, tokenizer=self.tokenizer)
+        if self.tensor_parallel != 1:
+            out.update(tensor_parallel=self.tensor_parallel, tp_timeout_s=self.tp_timeout_s)
         return out
 
 
@@ -183,13 +207,14 @@ def load_config(
     port: int | None = None,
     metrics_port: int | None = None,
     address: str | None = None,
+    tensor_parallel: int | None = None,
     security: dict[str, Any] | None = None,
 ) -> ServeConfig:
     """Read the YAML (default ``configs/default.yaml``) and apply command-line overrides.
 
     ``draft`` "none" removes the draft pool (the router can still draft with n-grams); ``dtype``
-    applies to both pools; ``address`` sets ``ray.address``; ``security`` keys replace the
-    section's.
+    applies to both pools; ``address`` sets ``ray.address``; ``tensor_parallel`` the target's ranks;
+    ``security`` keys replace the section's.
     """
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
@@ -210,16 +235,14 @@ def load_config(
             raw["draft"] = None
         else:
             if not raw.get("draft"):  # no draft pool in the file: size it like the target
-                raw["draft"] = {
-                    k: v
-                    for k, v in raw["target"].items()
-                    if k not in ("name", "tokenizer", "placement", "threads", "replicas")
-                }
+                raw["draft"] = {k: v for k, v in raw["target"].items() if k not in _DRAFT_SKIPS}
             _set_model(raw["draft"], draft)
     if dtype is not None:
         for section in ("target", "draft"):
             if raw.get(section):
                 raw[section]["dtype"] = dtype
+    if tensor_parallel is not None:
+        raw["target"]["tensor_parallel"] = tensor_parallel
     if port is not None:
         raw["router"]["port"] = port
     if metrics_port is not None:

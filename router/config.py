@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.rebalance import RebalanceConfig
+from router.scaling import ScaleConfig
 from specdec.core.prefill_plan import DEFAULT_BUDGET, DEFAULT_CHUNK
 from specdec.core.request_state import KPolicy
 from specdec.rpc.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, ConnectionLimits
@@ -64,6 +66,9 @@ class RouterConfig:
     recovery_timeout_s: how long requests wait for a restarted target before UNAVAILABLE.
     ngram_max / ngram_min: window of the router's local n-gram drafter.
     grace_s: on shutdown, time given to running requests before they end as "cancelled".
+    rebalance: :class:`router.rebalance.RebalanceConfig` fields: the shared drafter pool, depth by
+      device load, speculation off by goodput, routing by load; ``enabled: false`` = static pairing.
+    scaling: :class:`router.scaling.ScaleConfig` fields: pool sizes (off unless ``enabled``).
     max_inflight_per_client: Generation calls one client (its bearer token, else its address) may
       have running at once; beyond it RESOURCE_EXHAUSTED with a RetryInfo (router.client_limit).
       0 = no limit. Raise it when one backend fronts many users without tokens of their own.
@@ -101,6 +106,8 @@ class RouterConfig:
     ngram_max: int = 3
     ngram_min: int = 1
     grace_s: float = 5.0
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
+    scaling: ScaleConfig = field(default_factory=ScaleConfig)
     max_inflight_per_client: int = 32
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     keepalive_time_s: float = 30.0
@@ -111,6 +118,8 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         self.k_policy = kpolicy_from_dict(self.k_policy)
+        self.rebalance = RebalanceConfig.from_dict(self.rebalance)
+        self.scaling = ScaleConfig.from_dict(self.scaling)
         if self.default_mode not in ("draft", "ngram", "off"):
             raise ValueError(f"router.default_mode must be draft, ngram or off (got {self.default_mode!r})")
         if not isinstance(self.max_batched_tokens, int):

@@ -22,6 +22,11 @@ decoding on the target; counted in ``fail_open_rounds``). The worker client re-r
 drafter in the background (a restarted Ray actor has a new port) and speculation resumes when it
 answers again. A target failure makes the round wait for the target to come back and replays it
 (:mod:`router.target_link`).
+
+Rebalancing (router/rebalance.py, when ``rebalance.enabled``): drafts come from the drafter pool
+shared by all targets; the target's depth level (set from its device telemetry by
+router/rebalancer.py) bounds the adaptive k and turns pre-drafting on or off; and each round,
+AUTO requests stop speculating while the measured goodput says plain decoding is faster.
 """
 
 from __future__ import annotations
@@ -36,14 +41,25 @@ from collections.abc import Callable
 import grpc
 
 from router.config import RouterConfig
+from router.drafter_pool import DrafterPool
 from router.drafting import DraftSource
 from router.jobs import Chunk, Job, QueueFull, next_job_key
 from router.metrics import Metrics
+from router.policy import (
+    batch_capacity,
+    can_admit,
+    lane_share,
+    policy_k,
+    request_k_policy,
+    resolve_spec,
+    want_k,
+)
+from router.target_balance import TargetBalance
 from router.target_link import TargetLink
 from router.workers import WorkerClient, WorkerUnavailable
 from specdec.core.params import InvalidParams, SamplingParams, VerifyMode
 from specdec.core.prefill_plan import PrefillNeed, chunks_between, plan_prefill
-from specdec.core.request_state import CostMeter, KPolicy, new_request
+from specdec.core.request_state import CostMeter, new_request
 from specdec.core.round_types import Draft
 from specdec.rpc import worker_pb2
 from specdec.rpc.convert import draft_to_proto, sequence_to_proto
@@ -59,20 +75,21 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> RpcStatusError:
 
 
 class TargetScheduler:
-    """Queue, running set and round lanes of one target worker (with its draft worker, if any)."""
+    """Queue, running set and round lanes of one target worker. Drafts come from ``pool`` (shared by
+    every target; ``home`` is this target's own drafter, the only one used without the rebalancer)."""
 
     def __init__(
         self,
         name: str,
         target: WorkerClient,
-        draft: WorkerClient | None,
+        pool: DrafterPool | None,
+        home: str | None,
         config: RouterConfig,
         metrics: Metrics,
         decode: Callable[[list[int]], str],
     ):
         self.name = name
         self.target = target
-        self.draft = draft
         self.cfg = config
         self.metrics = metrics
         self.decode = decode
@@ -82,17 +99,22 @@ class TargetScheduler:
         self.max_context = int(info.max_context)
         self.vocab_size = int(info.vocab_size)
         self.eos_token_ids = set(int(t) for t in info.eos_token_ids)
-        self.capacity = min(int(info.num_slots), config.max_batch or int(info.num_slots))
-        if draft is not None and draft.info is not None:
-            self.capacity = min(self.capacity, int(draft.info.num_slots))
+        own = pool.client(home) if pool is not None and not config.rebalance.enabled else None
+        # static pairing: its drafter's slots bound the batch
+        draft_slots = int(own.info.num_slots) if own is not None and own.info is not None else None
+        self.capacity = batch_capacity(int(info.num_slots), config.max_batch, draft_slots)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
+        self.served = 0  # requests completed here (autoscaling: a new replica serves)
+        self.first_served_at: float | None = None  # monotonic
         self._wake = asyncio.Event()
         self._closing = False
         self._lanes: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
         self.link = TargetLink(name, target, config)
-        self.drafting = DraftSource(draft, config, metrics, self.vocab_size, self.max_context, self._spawn)
+        self.drafting = DraftSource(pool, home, config, metrics, self.vocab_size, self.max_context, self._spawn)
+        self.draft = pool if self.drafting.available else None  # None: this deployment has no draft model
+        self.balance = TargetBalance(self)  # depth level, speculation switch (router/rebalance.py)
         # c = draft step / target step as this pipeline sees it (the time a round waits per draft
         # step over its verify time), for the adaptive k; pre-draft hits make drafting look free.
         self.cost = CostMeter(c=config.k_policy.cost_ratio)
@@ -150,18 +172,10 @@ class TargetScheduler:
         k: int | None,
         deadline: float | None,
     ) -> Job:
-        auto = spec == "auto"
-        if auto:
-            spec = self.cfg.default_mode
-            if spec == "draft" and self.draft is None:
-                spec = "ngram"
+        spec, auto = resolve_spec(spec, self.cfg.default_mode, self.draft is not None)
         if spec == "draft" and self.draft is None:
             raise InvalidParams("speculation.mode", "this deployment has no draft model; use NGRAM, OFF or AUTO")
-        policy = self.cfg.k_policy
-        if spec == "off":
-            policy = KPolicy(k=0)
-        elif k is not None:
-            policy = KPolicy(k=min(k, policy.k_max), adaptive=False)
+        policy = request_k_policy(spec, k, self.cfg.k_policy)
         key = next_job_key(request_id)
         state = new_request(key, prompt_ids, params, mode, policy, self.eos_token_ids, self.decode)
         return Job(key=key, request_id=request_id, state=state, spec=spec, auto=auto, deadline=deadline)
@@ -211,7 +225,7 @@ class TargetScheduler:
                     ),
                     outcome="deadline_exceeded",
                 )
-        while self.waiting and len(self.running) < self.capacity and not self._closing:
+        while self.waiting and can_admit(len(self.running), self.capacity, self._closing):
             job = self.waiting.popleft()
             self.metrics.queue_depth.dec()
             if job.done:
@@ -231,11 +245,10 @@ class TargetScheduler:
         ready = [j for j in self.running if not j.in_flight and not j.done]
         if not ready:
             return []
-        n = len(self.running)
-        lanes = self.cfg.micro_batches if n >= self.cfg.split_min_batch else 1
-        if lane >= lanes:
+        share = lane_share(len(self.running), lane, self.cfg.micro_batches, self.cfg.split_min_batch)
+        if share == 0:
             return []
-        batch = ready[: math.ceil(n / lanes)]
+        batch = ready[:share]
         for job in batch:
             job.in_flight = True
         return batch
@@ -272,15 +285,21 @@ class TargetScheduler:
 
     # ---- a round -------------------------------------------------------------------------------
     def _policy_k(self, job: Job) -> int:
-        st = job.state
-        return st.adaptive.next_k() if st.adaptive is not None else st.fixed_k
+        return policy_k(job.state)
 
     def _want_k(self, job: Job) -> int:
-        if job.spec == "off":
-            return 0
-        if job.auto and self.cfg.auto_off_batch and len(self.running) > self.cfg.auto_off_batch:
-            return 0
-        return job.state.next_k(self.max_context, self.cost.per_token if job.spec == "draft" else None)
+        plan = self.balance.depth_plan
+        return want_k(
+            job.spec,
+            job.auto,
+            len(self.running),
+            self.cfg.auto_off_batch,
+            job.state,
+            self.max_context,
+            self.cost,
+            cost_scale=plan.cost_scale,
+            k_range=(plan.k_lo, plan.k_hi),
+        )
 
     async def _prefill(self, batch: list[Job], verify_tokens: int) -> list[Job]:
         """Cache this round's prompt chunks on the target (and the drafter); return the jobs whose
@@ -320,8 +339,9 @@ class TargetScheduler:
             return
         # A request's first round feeds the drafter its prompt's tail: it says nothing of a step.
         prefills = any(not j.state.generated for j in batch)
+        ks = self.balance.speculation(batch, ks)
         drafts, draft_wait = await self.drafting.drafts(batch, ks)
-        self.drafting.launch_predraft(batch, ks, drafts, self._policy_k)
+        self.drafting.launch_predraft(batch, ks, drafts, self._policy_k, self.balance.predraft)
         items = [
             worker_pb2.VerifyItem(
                 sequence=sequence_to_proto(j.key, j.state.tokens, j.params, j.mode), draft=draft_to_proto(j.key, d)
@@ -356,6 +376,7 @@ class TargetScheduler:
             m.phase.labels("rpc").observe(max(0.0, (t2 - t1) - compute))
         m.phase.labels("router").observe((t3 - t0) - draft_wait - (t2 - t1))
         m.phase.labels("round").observe(t3 - t0)
+        self.balance.observe_round(draft_wait, t3 - t0)
 
     def _commit(self, job: Job, draft: Draft, out: worker_pb2.VerifyOutcome) -> None:
         tokens, n_acc = list(out.tokens), int(out.num_accepted)
@@ -374,6 +395,7 @@ class TargetScheduler:
         st = job.state
         committed = st.commit(tokens, n_acc, k, self.max_context)
         self.metrics.record_draft(k, min(n_acc, len(committed)))
+        self.balance.observe_outcome(k, n_acc)
         now = time.monotonic()
         if committed:
             if job.t_first is None:
@@ -420,6 +442,9 @@ class TargetScheduler:
                 if n > 1:
                     m.tpot.observe((job.t_last - job.t_first) / (n - 1))
                 m.duration.observe(job.t_last - job.t_arrival)
+            self.served += 1
+            if self.first_served_at is None:
+                self.first_served_at = time.monotonic()
         job.outcome = outcome
         m.requests.labels(outcome or "cancelled").inc()
 

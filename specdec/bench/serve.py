@@ -256,12 +256,19 @@ def _closed_loop(runner: _Runner, prompts: list[Prompt], n: int, clients: int, m
     return records, time.perf_counter() - t0
 
 
-def _poisson(runner: _Runner, prompts: list[Prompt], n: int, rate: float, mode: str, seed: int) -> tuple[list, float]:
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Arrival times (s from the start) of ``n`` Poisson arrivals at ``rate`` per second: the same
+    ones for the same seed, here and in the capacity simulator's predictions of a run."""
     rng = random.Random(seed)
     arrivals, t = [], 0.0
     for _ in range(n):
         t += rng.expovariate(rate)
         arrivals.append(t)
+    return arrivals
+
+
+def _poisson(runner: _Runner, prompts: list[Prompt], n: int, rate: float, mode: str, seed: int) -> tuple[list, float]:
+    arrivals = poisson_arrivals(n, rate, seed)
     t0 = time.perf_counter()
 
     def fire(i: int) -> dict:

@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from specdec.cli.bench import add_bench
+from specdec.cli.bench_rebalance import add_bench_rebalance
 from specdec.cli.exit_codes import FAILED, OK, USAGE
 from specdec.cli.generate import add_generate
 from specdec.cli.log_format import TEXT_FORMAT
+from specdec.cli.plan import add_plan
 from specdec.cli.serve import add_serve
 from specdec.core import pack_prepare, packs
 
@@ -94,7 +96,14 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- entry point
 
-_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models, add_generate, add_bench, add_serve]
+_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_models,
+    add_generate,
+    add_bench,
+    add_serve,
+    add_bench_rebalance,
+    add_plan,
+]
 
 
 def _build_parser() -> argparse.ArgumentParser:

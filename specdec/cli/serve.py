@@ -39,6 +39,7 @@ def _load_serve_config(args: argparse.Namespace):
         port=args.port,
         metrics_port=args.metrics_port,
         address=args.address,
+        tensor_parallel=args.tp,
         security=security_overrides(args),
     )
 
@@ -59,15 +60,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         return serve(cfg)
+    except ValueError as exc:  # the config cannot work (tensor_parallel vs the heads, a bad certificate, ...)
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE
     except RuntimeError as exc:  # a worker failed to start: say why, no stack trace
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
     except (OSError, ConnectionError) as exc:  # the port is taken; no Ray cluster at --address
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
-    except ValueError as exc:  # a security file without tokens, a bad certificate
-        print(f"error: {exc}", file=sys.stderr)
-        return USAGE
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -98,6 +99,13 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         default="text",
         choices=LOG_FORMATS,
         help="log lines as text or JSON objects (the access log, logger specdec.access, gives its fields)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="target.tensor_parallel: ranks per target worker (whole heads each; one node)",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     add_server_security_args(p)

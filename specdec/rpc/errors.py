@@ -102,6 +102,8 @@ _CODES_BY_NAME: dict[str, grpc.StatusCode] = {
     "ContextFull": grpc.StatusCode.OUT_OF_RANGE,  # specdec.core.runner
     "ModelLoadError": grpc.StatusCode.FAILED_PRECONDITION,  # specdec.core.models
     "IncompatibleModels": grpc.StatusCode.FAILED_PRECONDITION,  # specdec.core.build
+    # A tensor-parallel group lost a rank: the worker is going away and restarts (the router replays).
+    "GroupFailure": grpc.StatusCode.UNAVAILABLE,  # specdec.core.lockstep
 }
 _MAX_MESSAGE = 500
 
@@ -116,10 +118,10 @@ def rich_status_for(exc: BaseException) -> RichStatus:
 
     InvalidParams -> INVALID_ARGUMENT ("field: what is wrong", with a BadRequest naming the field),
     SlotsExhausted -> RESOURCE_EXHAUSTED, ContextFull -> OUT_OF_RANGE, ModelLoadError /
-    IncompatibleModels -> FAILED_PRECONDITION, TimeoutError -> DEADLINE_EXCEEDED,
-    NotImplementedError -> UNIMPLEMENTED, a grpc.RpcError from a downstream call -> its own code and
-    details, RpcStatusError -> its code (and its field / retry_after); anything else -> INTERNAL with
-    the exception's type and first line (the worker logs the trace).
+    IncompatibleModels -> FAILED_PRECONDITION, GroupFailure -> UNAVAILABLE, TimeoutError ->
+    DEADLINE_EXCEEDED, NotImplementedError -> UNIMPLEMENTED, a grpc.RpcError from a downstream call ->
+    its own code and details, RpcStatusError -> its code (and its field / retry_after); anything else
+    -> INTERNAL with the exception's type and first line (the worker logs the trace).
     """
     if isinstance(exc, RpcStatusError):
         message = _short(exc.message)

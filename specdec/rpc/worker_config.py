@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.core.dtypes import DTYPE_NAMES
+from specdec.rpc.telemetry import TelemetryConfig
 
 __all__ = ["WorkerConfig", "strict_from_dict", "NODE_HOST"]
 
@@ -40,6 +41,11 @@ class WorkerConfig:
     draft_options: keyword arguments of :class:`specdec.core.draft_options.DraftOptions` (quant, vocab, lookup) for
     model drafters; None = its defaults, the same as ``specdec generate``.
     max_ngram / min_ngram: n-gram drafter window (model "ngram").
+    telemetry: :class:`specdec.rpc.telemetry.TelemetryConfig` fields (period_s, enabled, fake_nvml);
+      None = its defaults (a sample every second).
+    bench_step_delay_s: TEST/BENCHMARK KNOB (0 in production): seconds slept per model step (per
+      draft token on a drafter, per Verify / Prefill call on a target), to emulate a slower device;
+      changed at run time by the worker's ``set_bench_step_delay``.
     max_k: the most draft tokens one sequence of a call may ask for (Propose ``k``, a Verify's
       draft); more is INVALID_ARGUMENT. ``specdec serve`` sets it to ``router.k_policy.k_max``.
     """
@@ -58,6 +64,8 @@ class WorkerConfig:
     draft_options: dict | None = None
     max_ngram: int = 3
     min_ngram: int = 1
+    telemetry: dict | None = None
+    bench_step_delay_s: float = 0.0
     max_k: int = 16
 
     def __post_init__(self) -> None:
@@ -82,6 +90,11 @@ class WorkerConfig:
             raise bad("threads", f"must be an integer >= 1 or None (got {self.threads!r})")
         if self.draft_options is not None and not isinstance(self.draft_options, dict):
             raise bad("draft_options", f"must be a dict of DraftOptions fields or None (got {self.draft_options!r})")
+        if self.telemetry is not None and not isinstance(self.telemetry, dict | TelemetryConfig):
+            raise bad("telemetry", f"must be a dict of telemetry settings or None (got {self.telemetry!r})")
+        TelemetryConfig.from_dict(self.telemetry)  # refuses unknown keys and bad values here
+        if not isinstance(self.bench_step_delay_s, int | float) or not 0 <= self.bench_step_delay_s <= 60:
+            raise bad("bench_step_delay_s", f"must be in [0, 60] seconds (got {self.bench_step_delay_s!r})")
 
     @classmethod
     def from_dict(cls, config: dict | WorkerConfig) -> WorkerConfig:

@@ -17,6 +17,7 @@ from specdec.core.draft_options import add_draft_option_flags, draft_option_over
 from specdec.core.dtypes import DTYPE_NAMES
 from specdec.rpc.grpc_options import ConnectionLimits
 from specdec.rpc.server import Registration, hostport, serve_until_signal, set_serving, start_server, stop_server
+from specdec.rpc.telemetry import TelemetryConfig, TelemetrySampler, WorkerMeter
 from specdec.rpc.worker_config import WorkerConfig
 from specdec.rpc.worker_secret import SECRET_FILE_ENV, require_secret, worker_interceptor
 
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "WorkerHost",
     "actor_options",
+    "placement_bundle",
     "add_worker_args",
     "config_from_args",
     "bind_host",
@@ -67,6 +69,20 @@ def actor_options(
     if name is not None:
         opts["name"] = name
     return opts
+
+
+def placement_bundle(placement: dict | None, default_resources: dict[str, float]) -> dict[str, float]:
+    """The Ray placement-group bundle holding one actor placed by ``placement`` (see :func:`actor_options`)."""
+    opts = actor_options(placement, default_resources)
+    bundle: dict[str, float] = {"CPU": float(opts["num_cpus"])}
+    bundle.update({k: float(v) for k, v in opts.get("resources", {}).items()})
+    if opts.get("num_gpus"):
+        bundle["GPU"] = float(opts["num_gpus"])
+    if opts.get("accelerator_type"):
+        bundle[f"accelerator_type:{opts['accelerator_type']}"] = 0.001  # what Ray asks for it
+    if opts.get("memory"):
+        bundle["memory"] = float(opts["memory"])
+    return {k: v for k, v in bundle.items() if v > 0}
 
 
 def add_worker_args(parser: argparse.ArgumentParser, role: str) -> None:
@@ -132,9 +148,10 @@ def advertised_host(config: WorkerConfig, node_ip: str | None = None) -> str:
 
 def worker_limits(config: WorkerConfig) -> ConnectionLimits:
     """The worker server's bounds: the largest message a legitimate round sends (every slot with a
-    full context and a full draft with its sparse distributions), with room to spare."""
+    full context and a full draft with its sparse distributions), with room to spare, and the
+    largest reply: GetTokenizer's tokenizer.json (about 7 MB for the Qwen models)."""
     per_sequence = config.max_len + config.max_k * (1 + 2 * max(config.top_k_sent, 64))
-    return ConnectionLimits(max_message_bytes=(1 << 20) + 10 * config.num_slots * per_sequence)
+    return ConnectionLimits(max_message_bytes=(32 << 20) + 10 * config.num_slots * per_sequence)
 
 
 def ray_facts() -> dict:
@@ -152,6 +169,8 @@ def ray_facts() -> dict:
 class WorkerHost:
     """A servicer served on its own gRPC server: what the worker actors and entry points share.
 
+    ``info_source`` is the servicer (its ``info_dict()`` describes the model and capacity; its
+    ``meter``, a :class:`specdec.rpc.telemetry.WorkerMeter`, gets the device telemetry sampler).
     ``info_source`` is the servicer (its ``info_dict()`` describes the model and capacity).
     ``secret``: what every call but health must carry (:mod:`specdec.rpc.worker_secret`; the actors
     get it as a constructor argument); None: the one in this process's environment.
@@ -170,6 +189,11 @@ class WorkerHost:
         self.config = config
         self.info_source = info_source
         self.facts = ray_facts()
+        self.meter: WorkerMeter = info_source.meter
+        self.meter.bench_step_delay_s = config.bench_step_delay_s
+        tcfg = TelemetryConfig.from_dict(config.telemetry)
+        self.telemetry = TelemetrySampler(config.device, self.meter, tcfg).start() if tcfg.enabled else None
+        self.meter.sampler = self.telemetry
         node_ip = node_ip or self.facts.get("node_ip")
         self.server, self.port = start_server(
             register,
@@ -204,8 +228,14 @@ class WorkerHost:
             "pid": os.getpid(),
             "started_at": self.started_at,
             "draining": self.draining,
+            "telemetry": dataclasses.asdict(self.telemetry.latest) if self.telemetry else None,
             **self.facts,
         }
+
+    def set_bench_step_delay(self, seconds: float) -> None:
+        """TEST/BENCHMARK KNOB: make every model step ``seconds`` slower from now on (0 = off)."""
+        self.meter.bench_step_delay_s = max(0.0, float(seconds))
+        log.warning("%s worker %s: bench step delay set to %.3f s", self.role, self.config.model, seconds)
 
     def drain(self) -> None:
         """Report NOT_SERVING (routers stop sending new work); RPCs are still answered."""
@@ -216,6 +246,8 @@ class WorkerHost:
         """Stop the gRPC server (in-flight RPCs get ``grace`` seconds)."""
         self.draining = True
         stop_server(self.server, grace)
+        if self.telemetry is not None:
+            self.telemetry.stop()
 
 
 def worker_main(argv: list[str] | None, role: str, description: str, make_worker: Callable[[WorkerConfig], Any]) -> int:

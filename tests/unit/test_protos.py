@@ -272,7 +272,7 @@ def test_worker_services_are_declared():
     draft = worker_pb2.DESCRIPTOR.services_by_name["DraftService"]
     target = worker_pb2.DESCRIPTOR.services_by_name["TargetService"]
     assert [m.name for m in draft.methods] == ["Propose", "Prefill", "Release", "Info"]
-    assert [m.name for m in target.methods] == ["Prefill", "Verify", "Release", "Tokenize", "Info"]
+    assert [m.name for m in target.methods] == ["Prefill", "Verify", "Release", "Tokenize", "Info", "GetTokenizer"]
     for cls in ("DraftServiceStub", "DraftServiceServicer", "TargetServiceStub", "TargetServiceServicer"):
         assert hasattr(worker_pb2_grpc, cls)
     gen = generate_pb2.DESCRIPTOR.services_by_name["Generation"]
