@@ -16,6 +16,7 @@ specdec_process_resident_memory_bytes 1.048576e+08
 specdec_process_open_fds 51.0
 specdec_worker_free_slots{role="target",worker="target-0"} 2.0
 specdec_worker_free_slots{role="draft",worker="draft-0"} 4.0
+specdec_worker_rss_bytes{worker="target-0",role="target"} 2.097152e+08
 """
 
 
@@ -37,7 +38,7 @@ def test_a_sample_from_metrics_and_the_table():
         s = _sample(0.0, url, {}, done=7)
     finally:
         server.shutdown()
-    assert s["rss_mb"] == {"router": 100.0} and s["open_fds"] == 51.0
+    assert s["rss_mb"] == {"router": 100.0, "target-0": 200.0} and s["open_fds"] == 51.0
     assert (s["running"], s["queued"], s["requests_done"]) == (3.0, 1.0, 7)
     assert s["free_slots"] == {"target-0": 2, "draft-0": 4}
     table = format_soak({"samples": [s], "outcomes": {"generate": {"OK": 7}}})
