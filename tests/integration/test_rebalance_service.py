@@ -249,4 +249,4 @@ def test_a_dead_drafter_drops_out_and_comes_back(cluster, engine, wait_for_resta
     before = cluster.drafted()["draft-1"]
     reqs, expected = _requests(engine, 6, 24)
     _check_outputs(_run_concurrently(cluster.client, reqs), expected)
-    assert cluster.drafted()["draft-1"] > before
+    assert cluster.drafted()["draft-1"] > before, cluster.router.router.pool.views()
