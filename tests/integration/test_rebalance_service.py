@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
 import pytest
 
 from specdec.core.params import SamplingParams
@@ -43,6 +44,26 @@ class Cluster:
 
     def metric(self, name: str, labels: dict | None = None) -> float:
         return self.router.metrics.sample(name, labels) or 0.0
+
+    def wait_slots_free(self, timeout: float = 30.0) -> None:
+        """Every worker's KV slots free again (a request that moved held slots on both drafters)."""
+        import ray
+
+        from specdec.rpc import worker_pb2, worker_pb2_grpc
+
+        def free(handle, stub_cls) -> int:
+            address = ray.get(handle.address.remote(), timeout=60)
+            with grpc.insecure_channel(address) as ch:
+                return stub_cls(ch).Info(worker_pb2.InfoRequest(), timeout=10).free_slots
+
+        t_end = time.monotonic() + timeout
+        while True:
+            slots = [free(h, worker_pb2_grpc.TargetServiceStub) for h in self.targets]
+            slots += [free(h, worker_pb2_grpc.DraftServiceStub) for h in self.drafts]
+            if slots == [SLOTS] * 4:
+                return
+            assert time.monotonic() < t_end, f"slots not freed: {slots}"
+            time.sleep(0.1)
 
     def drafted(self) -> dict[str, float]:
         return {f"draft-{i}": self.metric("specdec_draft_sequences_total", {"worker": f"draft-{i}"}) for i in (0, 1)}
@@ -219,6 +240,7 @@ def test_a_slowed_drafter_loses_its_drafts_to_the_fast_one(cluster, engine):
     assert fast_share >= 0.9, (at_shift, end)
     assert cluster.metric("specdec_rebalance_actions_total", {"action": "draft_move"}) > moves0
     _check_outputs(result["outs"], expected)  # moved requests rebuilt their drafter caches: same tokens
+    cluster.wait_slots_free()
 
 
 def test_a_dead_drafter_drops_out_and_comes_back(cluster, engine, wait_for_restart):
