@@ -76,6 +76,7 @@ class DrafterPool:
         self.policy = config.rebalance
         self.metrics = metrics
         self._d: dict[str, _Drafter] = {}
+        self.draining: set[str] = set()  # no new work: seen as down by the placement policy
 
     # ---- membership (autoscaling adds and removes drafters) -----------------------------------------
     def add(self, client: WorkerClient) -> None:
@@ -86,6 +87,11 @@ class DrafterPool:
     def remove(self, name: str) -> None:
         """Drop a drafter: its requests fail over at their next round (their slots there are released)."""
         self._d.pop(name, None)
+        self.draining.discard(name)
+
+    def drain(self, name: str) -> None:
+        """Take no new work on ``name``; its requests move to other drafters at their next round."""
+        self.draining.add(name)
 
     @property
     def clients(self) -> list[WorkerClient]:
@@ -231,7 +237,7 @@ class DrafterPool:
         slots = int(c.info.num_slots) if c.info is not None and c.info.num_slots > 0 else None
         return DrafterView(
             name=c.name,
-            up=c.up,
+            up=c.up and c.name not in self.draining,
             step_s=step,
             age_s=age if step is not None else 0.0,
             fixed_s=d.fixed_s,

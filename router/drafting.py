@@ -26,6 +26,7 @@ from router.config import RouterConfig
 from router.drafter_pool import DrafterPool
 from router.jobs import Job, PreDraft
 from router.metrics import Metrics
+from router.policy import draft_deadline, predraft_k
 from router.workers import WorkerUnavailable
 from specdec.core.ngram import NgramDrafter
 from specdec.core.params import VerifyMode
@@ -198,10 +199,7 @@ class DraftSource:
         """How long a round waits for its drafts: ``draft_deadline_factor`` x (k + 1) recent verify
         times (a draft slower than that cannot pay for itself), within [draft_deadline_min_s,
         draft_deadline_s]; ``draft_deadline_s`` until a verify time has been measured."""
-        cap = self.cfg.draft_deadline_s
-        if self.verify_ema is None or self.cfg.draft_deadline_factor <= 0:
-            return cap
-        return min(cap, max(self.cfg.draft_deadline_min_s, self.cfg.draft_deadline_factor * (k + 1) * self.verify_ema))
+        return draft_deadline(self.cfg, self.verify_ema, k)
 
     def launch_predraft(
         self,
@@ -222,9 +220,9 @@ class DraftSource:
             if client is None or not client.up or self.pool.is_late(job.drafter):
                 continue
             st = job.state
-            n_after = len(st.tokens) + k + 1  # if all k are accepted plus the bonus token
-            remaining = st.params.max_tokens - (len(st.generated) + k + 1) - 1
-            k_next = max(0, min(policy_k(job), remaining, self.max_context - n_after))
+            k_next = predraft_k(
+                policy_k(job), len(st.generated), k, st.params.max_tokens, len(st.tokens), self.max_context
+            )
             if k_next <= 0:
                 continue
             idx, seqs = groups.setdefault(job.drafter, ([], []))

@@ -5,7 +5,8 @@ Served over HTTP at ``/metrics`` (default 127.0.0.1:9400) by :meth:`Metrics.serv
 Series:
 
 * ``specdec_requests_total{outcome}``: finished requests by outcome (stop, length, cancelled,
-  deadline_exceeded, invalid_argument, resource_exhausted, unavailable, error).
+  deadline_exceeded, invalid_argument (requests that do not decode included), not_found,
+  resource_exhausted (a client over its limit included), unauthenticated, unavailable, error).
 * ``specdec_prompt_tokens_total``, ``specdec_generated_tokens_total``.
 * ``specdec_time_to_first_token_seconds``, ``specdec_time_per_output_token_seconds``,
   ``specdec_request_duration_seconds`` (histograms).
@@ -36,13 +37,25 @@ Series:
   depth_normal, depth_shallow, spec_off, spec_on, route_around), ``specdec_target_depth_level{worker}``
   (-1 shallow, 0 normal, 1 deep), ``specdec_drafter_step_seconds{worker}`` (measured seconds per
   draft step), ``specdec_draft_sequences_total{worker}`` (sequences drafted by each drafter).
+* ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
+  polled every few seconds by router.worker_stats): a leak shows as a count that stays low when idle.
+* ``specdec_process_*``: the router process's resident memory, CPU time and open file descriptors
+  (prometheus_client's process collector).
 """
 
 from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+    start_http_server,
+)
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +182,12 @@ class Metrics:
             "specdec_worker_rss_bytes", "Worker process resident memory", ["worker", "role"], registry=r
         )
         self.worker_threads = Gauge("specdec_worker_threads", "Worker process threads", ["worker", "role"], registry=r)
+        self.pool_replicas = Gauge(
+            "specdec_pool_replicas",
+            "Replicas per pool (state: serving, pending, draining)",
+            ["pool", "state"],
+            registry=r,
+        )
         self.rebalance_actions = Counter(
             "specdec_rebalance_actions", "Actions taken by the rebalancer", ["action"], registry=r
         )
@@ -187,6 +206,10 @@ class Metrics:
         self.draft_sequences = Counter(
             "specdec_draft_sequences", "Sequences drafted, by draft worker", ["worker"], registry=r
         )
+        self.worker_free_slots = Gauge(
+            "specdec_worker_free_slots", "KV-cache slots a worker reports free", ["role", "worker"], registry=r
+        )
+        ProcessCollector(namespace="specdec", registry=r)
         self._drafted_n = 0
         self._accepted_n = 0
         self._server = None

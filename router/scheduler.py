@@ -45,12 +45,21 @@ from router.drafter_pool import DrafterPool
 from router.drafting import DraftSource
 from router.jobs import Chunk, Job, QueueFull, next_job_key
 from router.metrics import Metrics
+from router.policy import (
+    batch_capacity,
+    can_admit,
+    lane_share,
+    policy_k,
+    request_k_policy,
+    resolve_spec,
+    want_k,
+)
 from router.target_balance import TargetBalance
 from router.target_link import TargetLink
 from router.workers import WorkerClient, WorkerUnavailable
-from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.params import InvalidParams, SamplingParams, VerifyMode
 from specdec.core.prefill_plan import PrefillNeed, chunks_between, plan_prefill
-from specdec.core.request_state import CostMeter, KPolicy, new_request
+from specdec.core.request_state import CostMeter, new_request
 from specdec.core.round_types import Draft
 from specdec.rpc import worker_pb2
 from specdec.rpc.convert import draft_to_proto, sequence_to_proto
@@ -90,12 +99,14 @@ class TargetScheduler:
         self.max_context = int(info.max_context)
         self.vocab_size = int(info.vocab_size)
         self.eos_token_ids = set(int(t) for t in info.eos_token_ids)
-        self.capacity = min(int(info.num_slots), config.max_batch or int(info.num_slots))
         own = pool.client(home) if pool is not None and not config.rebalance.enabled else None
-        if own is not None and own.info is not None:  # static pairing: its drafter's slots bound the batch
-            self.capacity = min(self.capacity, int(own.info.num_slots))
+        # static pairing: its drafter's slots bound the batch
+        draft_slots = int(own.info.num_slots) if own is not None and own.info is not None else None
+        self.capacity = batch_capacity(int(info.num_slots), config.max_batch, draft_slots)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
+        self.served = 0  # requests completed here (autoscaling: a new replica serves)
+        self.first_served_at: float | None = None  # monotonic
         self._wake = asyncio.Event()
         self._closing = False
         self._lanes: list[asyncio.Task] = []
@@ -161,33 +172,27 @@ class TargetScheduler:
         k: int | None,
         deadline: float | None,
     ) -> Job:
-        auto = spec == "auto"
-        if auto:
-            spec = self.cfg.default_mode
-            if spec == "draft" and self.draft is None:
-                spec = "ngram"
+        spec, auto = resolve_spec(spec, self.cfg.default_mode, self.draft is not None)
         if spec == "draft" and self.draft is None:
-            raise RpcStatusError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "speculation.mode: this deployment has no draft model; use NGRAM, OFF or AUTO",
-            )
-        policy = self.cfg.k_policy
-        if spec == "off":
-            policy = KPolicy(k=0)
-        elif k is not None:
-            policy = KPolicy(k=min(k, policy.k_max), adaptive=False)
+            raise InvalidParams("speculation.mode", "this deployment has no draft model; use NGRAM, OFF or AUTO")
+        policy = request_k_policy(spec, k, self.cfg.k_policy)
         key = next_job_key(request_id)
         state = new_request(key, prompt_ids, params, mode, policy, self.eos_token_ids, self.decode)
         return Job(key=key, request_id=request_id, state=state, spec=spec, auto=auto, deadline=deadline)
 
-    def submit(self, job: Job) -> None:
+    def check_room(self) -> None:
+        """Raise unless a new job would be queued now (QueueFull, or UNAVAILABLE while closing):
+        called before the costly work of admitting one (tokenizing), and by :meth:`submit`."""
         if self._closing:
-            raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+            raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down", retry_after=1.0)
         self._admit()
         if len(self.waiting) >= self.cfg.max_queue:
             raise QueueFull(
                 f"the request queue is full ({len(self.waiting)} waiting, {len(self.running)} running); retry later"
             )
+
+    def submit(self, job: Job) -> None:
+        self.check_room()
         self.waiting.append(job)
         self.metrics.queue_depth.inc()
         self.metrics.prompt_tokens.inc(len(job.state.prompt_ids))
@@ -220,7 +225,7 @@ class TargetScheduler:
                     ),
                     outcome="deadline_exceeded",
                 )
-        while self.waiting and len(self.running) < self.capacity and not self._closing:
+        while self.waiting and can_admit(len(self.running), self.capacity, self._closing):
             job = self.waiting.popleft()
             self.metrics.queue_depth.dec()
             if job.done:
@@ -240,11 +245,10 @@ class TargetScheduler:
         ready = [j for j in self.running if not j.in_flight and not j.done]
         if not ready:
             return []
-        n = len(self.running)
-        lanes = self.cfg.micro_batches if n >= self.cfg.split_min_batch else 1
-        if lane >= lanes:
+        share = lane_share(len(self.running), lane, self.cfg.micro_batches, self.cfg.split_min_batch)
+        if share == 0:
             return []
-        batch = ready[: math.ceil(n / lanes)]
+        batch = ready[:share]
         for job in batch:
             job.in_flight = True
         return batch
@@ -281,17 +285,21 @@ class TargetScheduler:
 
     # ---- a round -------------------------------------------------------------------------------
     def _policy_k(self, job: Job) -> int:
-        st = job.state
-        return st.adaptive.next_k() if st.adaptive is not None else st.fixed_k
+        return policy_k(job.state)
 
     def _want_k(self, job: Job) -> int:
-        if job.spec == "off":
-            return 0
-        if job.auto and self.cfg.auto_off_batch and len(self.running) > self.cfg.auto_off_batch:
-            return 0
         plan = self.balance.depth_plan
-        cost = self.cost.per_token * plan.cost_scale if job.spec == "draft" else None
-        return job.state.next_k(self.max_context, cost, (plan.k_lo, plan.k_hi))
+        return want_k(
+            job.spec,
+            job.auto,
+            len(self.running),
+            self.cfg.auto_off_batch,
+            job.state,
+            self.max_context,
+            self.cost,
+            cost_scale=plan.cost_scale,
+            k_range=(plan.k_lo, plan.k_hi),
+        )
 
     async def _prefill(self, batch: list[Job], verify_tokens: int) -> list[Job]:
         """Cache this round's prompt chunks on the target (and the drafter); return the jobs whose
@@ -434,6 +442,9 @@ class TargetScheduler:
                 if n > 1:
                     m.tpot.observe((job.t_last - job.t_first) / (n - 1))
                 m.duration.observe(job.t_last - job.t_arrival)
+            self.served += 1
+            if self.first_served_at is None:
+                self.first_served_at = time.monotonic()
         job.outcome = outcome
         m.requests.labels(outcome or "cancelled").inc()
 

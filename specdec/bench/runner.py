@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -24,7 +24,7 @@ class Case:
         return self.transformers_ms / self.runner_ms
 
 
-def _median_ms(fn: Callable[[], None], repeat: int, warmup: int = 2) -> float:
+def median_ms(fn: Callable[[], None], repeat: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
     times = []
@@ -48,24 +48,36 @@ def _hf_case(model, batch: int, context: list[int], new: int, repeat: int) -> fl
             model(input_ids=step, past_key_values=cache, use_cache=True)
             cache.crop(-new)  # back to the same context every repeat
 
-        return _median_ms(run, repeat)
+        return median_ms(run, repeat)
 
 
-def _runner_case(runner: ModelRunner, batch: int, context: list[int], new: int, repeat: int) -> float:
+def forward_times(
+    runner: ModelRunner, batch: int, context: list[int], sizes: Sequence[int], repeat: int, warmup: int = 2
+) -> dict[int, float]:
+    """Median ms of the runner's forward over ``batch`` rows of n new tokens each (logits for all
+    n, as a verify), for each n in ``sizes``, after ``context`` cached tokens per row (cached once)."""
     slots = [runner.alloc_slot() for _ in range(batch)]
-    runner.forward(slots, [context] * batch, num_logits=0)
-    feeds = [[7] * new] * batch
-
-    def run():
-        runner.forward(slots, feeds, num_logits=new)
-        for s in slots:
-            runner.rollback(s, len(context))
-
     try:
-        return _median_ms(run, repeat)
+        if context:
+            runner.forward(slots, [context] * batch, num_logits=0)
+        out = {}
+        for new in sizes:
+            feeds = [[7] * new] * batch
+
+            def run(feeds=feeds, new=new):
+                runner.forward(slots, feeds, num_logits=new)
+                for s in slots:
+                    runner.rollback(s, len(context))
+
+            out[new] = median_ms(run, repeat, warmup)
+        return out
     finally:
         for s in slots:
             runner.free_slot(s)
+
+
+def _runner_case(runner: ModelRunner, batch: int, context: list[int], new: int, repeat: int) -> float:
+    return forward_times(runner, batch, context, (new,), repeat)[new]
 
 
 CASES = (("decode b=1", 1, 1), ("decode b=8", 8, 1), ("verify 5 tokens b=1", 1, 5))
@@ -121,7 +133,7 @@ def forward_sweep(
     runner = make_draft_runner(loaded, 1, max_len) if as_draft else ModelRunner(loaded.model, 1, max_len)
     context = list(range(100, 100 + context_len))
     with torch.inference_mode():
-        ms = {n: _runner_case(runner, 1, context, n, repeat) for n in sizes}
+        ms = forward_times(runner, 1, context, sizes, repeat)
     return {
         "model": model_spec,
         "dtype": dtype,

@@ -31,12 +31,16 @@ def _check(a: float, k: int, c: float | None = None) -> None:
         raise ValueError(f"cost ratio c must be >= 0 (got {c})")
 
 
-def expected_tokens(a: float, k: int) -> float:
-    """tau(k) = E[tokens per round] = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a); k + 1 at a = 1."""
-    _check(a, k)
+def _tau(a: float, k: int) -> float:
     if a >= 1.0:
         return float(k + 1)
     return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """tau(k) = E[tokens per round] = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a); k + 1 at a = 1."""
+    _check(a, k)
+    return _tau(a, k)
 
 
 def speedup(a: float, c: float, k: int) -> float:
@@ -52,9 +56,9 @@ def best_k(a: float, c: float, k_max: int, k_min: int = 0) -> int:
     """The k in [k_min, k_max] maximising :func:`speedup` (the smallest such k on ties)."""
     if k_min < 0 or k_max < k_min:
         raise ValueError(f"need 0 <= k_min <= k_max (got {k_min}, {k_max})")
-    best, best_s = k_min, speedup(a, c, k_min)
+    best, best_s = k_min, speedup(a, c, k_min)  # checks a and c once: the loop runs per request and round
     for k in range(k_min + 1, k_max + 1):
-        s = speedup(a, c, k)
+        s = _tau(a, k) / (k * c + 1.0)
         if s > best_s * (1.0 + 1e-12):
             best, best_s = k, s
     return best

@@ -10,7 +10,9 @@ from typing import Any
 from specdec.core.dtypes import DTYPE_NAMES
 from specdec.rpc.telemetry import TelemetryConfig
 
-__all__ = ["WorkerConfig", "strict_from_dict"]
+__all__ = ["WorkerConfig", "strict_from_dict", "NODE_HOST"]
+
+NODE_HOST = "node"  # a worker's host: the node's own address (Ray's node IP)
 
 
 def strict_from_dict(cls, d: dict[str, Any] | None, section: str):
@@ -30,8 +32,10 @@ class WorkerConfig:
     model: pack name, HF folder, .gguf file, hub id, or "ngram" (draft workers only).
     dtype / device: compute dtype ("float32" | "bfloat16" | "float16") and device ("cpu" | "cuda").
     num_slots / max_len: KV-cache sequences and tokens per sequence.
-    host / port: where gRPC binds (port 0 = any free port). A wildcard host ("0.0.0.0", "::")
-    binds every interface and advertises ``advertise_host`` (or the node's address under Ray).
+    host / port: where gRPC binds (port 0 = any free port). "node" binds the node's own address
+    (Ray's node IP under Ray: the address the router reaches it at), nothing else. A wildcard host
+    ("0.0.0.0", "::") binds every interface and advertises ``advertise_host`` (or the node's
+    address under Ray): only when configured so.
     threads: torch.set_num_threads (None = leave as is). grpc_threads: the server's thread pool.
     top_k_sent: ids + probs per draft position in rejection mode (model drafters).
     draft_options: keyword arguments of :class:`specdec.core.draft_options.DraftOptions` (quant, vocab, lookup) for
@@ -42,6 +46,8 @@ class WorkerConfig:
     bench_step_delay_s: TEST/BENCHMARK KNOB (0 in production): seconds slept per model step (per
       draft token on a drafter, per Verify / Prefill call on a target), to emulate a slower device;
       changed at run time by the worker's ``set_bench_step_delay``.
+    max_k: the most draft tokens one sequence of a call may ask for (Propose ``k``, a Verify's
+      draft); more is INVALID_ARGUMENT. ``specdec serve`` sets it to ``router.k_policy.k_max``.
     """
 
     model: str
@@ -60,6 +66,7 @@ class WorkerConfig:
     min_ngram: int = 1
     telemetry: dict | None = None
     bench_step_delay_s: float = 0.0
+    max_k: int = 16
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ValueError:
@@ -71,7 +78,7 @@ class WorkerConfig:
             raise bad("dtype", f"must be one of {DTYPE_NAMES} (got {self.dtype!r})")
         if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda"):
             raise bad("device", f"must be 'cpu' or 'cuda[:N]' (got {self.device!r})")
-        for key in ("num_slots", "max_len", "grpc_threads", "top_k_sent", "max_ngram", "min_ngram"):
+        for key in ("num_slots", "max_len", "grpc_threads", "top_k_sent", "max_ngram", "min_ngram", "max_k"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(key, f"must be an integer >= 1 (got {value!r})")
@@ -103,3 +110,8 @@ class WorkerConfig:
     @property
     def wildcard(self) -> bool:
         return self.host in ("0.0.0.0", "::", "", "[::]")
+
+    @property
+    def node_bound(self) -> bool:
+        """host "node": bind the node's own address (the one the router dials)."""
+        return self.host == NODE_HOST

@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 import time
 
-import grpc
 import pytest
 
 from specdec.core.params import SamplingParams
@@ -50,10 +49,11 @@ class Cluster:
         import ray
 
         from specdec.rpc import worker_pb2, worker_pb2_grpc
+        from specdec.rpc.worker_secret import worker_channel
 
         def free(handle, stub_cls) -> int:
             address = ray.get(handle.address.remote(), timeout=60)
-            with grpc.insecure_channel(address) as ch:
+            with worker_channel(address) as ch:  # the workers require the session's secret
                 return stub_cls(ch).Info(worker_pb2.InfoRequest(), timeout=10).free_slots
 
         t_end = time.monotonic() + timeout

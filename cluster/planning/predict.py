@@ -1,0 +1,161 @@
+"""A `specdec bench serve` run predicted from a profile, and put next to a measured one.
+
+The prediction replays what the bench does: the profile's prompts in order (request i is prompt
+i mod n, with that prompt's own output length and acceptance), the bench's Poisson arrivals (the
+same generator and seed) or its closed loop, every scenario once per mode, on the service the
+serve config describes (its router config, worker slots; on one CPU machine the draft and the
+target worker share the cores, so their work serialises). The summaries have the bench's fields,
+computed by the bench's own ``summarize``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.config import ServeConfig
+from cluster.planning.costs import ProfileCosts
+from cluster.planning.policies import RouterPolicy
+from cluster.planning.profile import Profile, ProfileError
+from cluster.planning.simulator import Deployment, SimResult, simulate
+from cluster.planning.workload import AcceptanceModel, SimRequestSpec, WorkloadError, acceptance_pool
+from specdec.bench.serve import poisson_arrivals
+
+__all__ = ["Scenario", "bench_requests", "predict_bench", "compare", "format_comparison"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    kind: str  # "poisson" | "closed"
+    x: float  # rate (requests/s) or clients
+
+    @property
+    def name(self) -> str:  # as bench serve names it
+        return f"closed c={int(self.x)}" if self.kind == "closed" else f"poisson {self.x}/s"
+
+
+def bench_requests(profile: Profile, n: int, max_tokens: int, arrivals: list[float]) -> list[SimRequestSpec]:
+    """The bench's requests: prompt i mod (profiled prompts), its length, output and acceptance."""
+    pools: dict[str, list[AcceptanceModel]] = {name: acceptance_pool(s) for name, s in profile.drafters.items()}
+    base = next(iter(profile.drafters.values()), None)
+    if base is None or not base.requests:
+        raise ProfileError("the profile has no acceptance run (profile with prompts and a budget that reaches it)")
+    prof_max = int(profile.workload.get("max_tokens", 0))
+    out = []
+    for i in range(n):
+        req = base.requests[i % len(base.requests)]
+        stopped = req.finish_reason == "stop" or req.output_tokens < prof_max
+        output = min(max_tokens, req.output_tokens) if stopped else max_tokens
+        acc = {name: models[i % len(models)] for name, models in pools.items() if models}
+        out.append(SimRequestSpec(arrivals[i], req.prompt_tokens, max(1, output), acc, f"{req.id}#{i}"))
+    return out
+
+
+def _deployment(profile: Profile, serve: ServeConfig, mode: str, colocated: bool) -> Deployment:
+    draft = serve.draft
+    model_draft = draft is not None and draft.worker.model != "ngram"
+    drafter = "draft" if model_draft and serve.router.default_mode == "draft" else "ngram"
+    return Deployment(
+        costs=ProfileCosts(profile, drafter),
+        policy=RouterPolicy(serve.router),
+        groups=serve.target.replicas,
+        drafts=draft.replicas if model_draft else 0,
+        target_slots=serve.target.worker.num_slots,
+        draft_slots=draft.worker.num_slots if model_draft else 8,
+        max_context=serve.target.worker.max_len,
+        colocated=colocated,
+        mode=mode,
+    )
+
+
+def predict_bench(
+    profile: Profile,
+    serve: ServeConfig,
+    scenarios: list[Scenario],
+    requests: int,
+    max_tokens: int,
+    modes: tuple[str, ...] = ("auto", "off"),
+    seed: int = 0,
+    colocated: bool = True,
+) -> dict[str, Any]:
+    """What `specdec bench serve` would report: {"results": [{scenario, kind, x, mode, summary, sim}]}."""
+    results = []
+    for sc in scenarios:
+        for mode in modes:
+            if sc.kind == "poisson":
+                arrivals = poisson_arrivals(requests, sc.x, seed)
+            elif sc.kind == "closed":
+                arrivals = [0.0] * requests
+            else:
+                raise WorkloadError(f"unknown scenario kind {sc.kind!r}")
+            reqs = bench_requests(profile, requests, max_tokens, arrivals)
+            dep = _deployment(profile, serve, mode, colocated)
+            res: SimResult = simulate(dep, reqs, seed=seed, closed=int(sc.x) if sc.kind == "closed" else 0)
+            results.append(
+                {
+                    "scenario": sc.name,
+                    "kind": sc.kind,
+                    "x": sc.x,
+                    "mode": mode,
+                    "summary": res.summary,
+                    "utilization": res.utilization,
+                    "mean_batch": res.mean_batch,
+                }
+            )
+    return {"profile": {"device": profile.device, "target": profile.target, "draft": profile.draft}, "results": results}
+
+
+def scenarios_of(bench: dict[str, Any]) -> tuple[list[Scenario], dict[str, Any]]:
+    """The scenarios and options of a `specdec bench serve` result, to predict the same run."""
+    opts = bench.get("options") or {}
+    seen: list[Scenario] = []
+    for r in bench.get("results", []):
+        if r.get("mode") == "engine":
+            continue
+        sc = Scenario(r["kind"], float(r["x"]))
+        if sc not in seen:
+            seen.append(sc)
+    if not seen:
+        raise WorkloadError("the bench serve result has no scenarios")
+    return seen, opts
+
+
+_METRICS = (
+    ("throughput_tok_s", "tok/s"),
+    ("ttft_ms_p50", "TTFT p50"),
+    ("tpot_ms_p50", "TPOT p50"),
+    ("tpot_ms_p99", "TPOT p99"),
+    ("k_mean", "k"),
+    ("tau", "tau"),
+)
+
+
+def compare(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per scenario and mode: predicted, measured and the relative error of each metric."""
+    meas = {(r["scenario"], r["mode"]): r["summary"] for r in measured.get("results", [])}
+    rows = []
+    for r in predicted["results"]:
+        m = meas.get((r["scenario"], r["mode"]))
+        if m is None:
+            continue
+        row: dict[str, Any] = {"scenario": r["scenario"], "mode": r["mode"]}
+        for key, _ in _METRICS:
+            p, v = r["summary"].get(key), m.get(key)
+            row[key] = {"predicted": p, "measured": v, "error": round(p / v - 1.0, 4) if p and v else None}
+        rows.append(row)
+    return rows
+
+
+def format_comparison(rows: list[dict[str, Any]]) -> str:
+    head = ["scenario", "mode"] + [f"{label} pred / meas (err)" for _, label in _METRICS]
+    lines = [" | ".join(head), " | ".join(["---"] * len(head))]
+
+    def cell(c: dict) -> str:
+        p, m, e = c["predicted"], c["measured"], c["error"]
+        if p is None or m is None:
+            return "-"
+        return f"{p:.4g} / {m:.4g} ({e:+.0%})" if e is not None else f"{p:.4g} / {m:.4g}"
+
+    for r in rows:
+        lines.append(" | ".join([r["scenario"], r["mode"]] + [cell(r[k]) for k, _ in _METRICS]))
+    return "\n".join(lines)

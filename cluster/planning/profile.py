@@ -1,0 +1,209 @@
+"""A machine's profile: what the cost model and the acceptance model need, as measured by
+``specdec profile`` (:mod:`cluster.planning.profiler`), saved as JSON. Torch-free: the simulator
+and the planner read profiles without loading a model.
+
+Times are milliseconds of worker compute. Forward grids are by (batch, tokens per row) at a fixed
+context; prefill curves by prompt tokens; the draft model's whole Propose by (batch, k) on the
+workload's prompts (its lookup guesses make a round cheaper where the text is a copy). Acceptance
+is kept per request as rounds ``[k asked, tokens drafted, tokens accepted, count]`` so the
+simulator can replay each prompt's own acceptance (copy-heavy prompts accept more than new code).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SCHEMA", "ProfileError", "Grid", "Curve", "RequestRounds", "DrafterStats", "Overhead", "Profile"]
+
+SCHEMA = "specdec-profile/1"
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message says what to fix."""
+
+
+def interp(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise-linear through (xs, ys), extended linearly past both ends (never below 0)."""
+    if len(xs) == 1:
+        return ys[0] * (x / xs[0] if xs[0] else 1.0)
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if x > xs[-1]:
+        y = max(y, ys[-1])  # a bigger forward never costs less than the largest measured one
+    return max(y, 0.0)
+
+
+@dataclass
+class Grid:
+    """Forward time (ms) by batch rows and tokens per row, at ``context`` cached tokens per row."""
+
+    batch: list[int]
+    tokens: list[int]
+    ms: list[list[float]]  # ms[i][j]: batch[i] rows of tokens[j] tokens
+    context: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.batch or not self.tokens or len(self.ms) != len(self.batch):
+            raise ProfileError("a forward grid needs batch sizes, token counts and one row of times per batch size")
+        if any(len(row) != len(self.tokens) for row in self.ms):
+            raise ProfileError("a forward grid needs one time per token count in every row")
+        if sorted(set(self.batch)) != self.batch or sorted(set(self.tokens)) != self.tokens:
+            raise ProfileError("forward grid sizes must be increasing")
+
+    def at(self, batch: float, tokens: float) -> float:
+        rows = [interp(self.tokens, row, tokens) for row in self.ms]
+        return interp(self.batch, rows, batch)
+
+
+@dataclass
+class Curve:
+    """Time (ms) by tokens (a prefill of n prompt tokens)."""
+
+    tokens: list[int]
+    ms: list[float]
+
+    def __post_init__(self) -> None:
+        if not self.tokens or len(self.tokens) != len(self.ms) or sorted(set(self.tokens)) != self.tokens:
+            raise ProfileError("a prefill curve needs increasing token counts, one time each")
+
+    def at(self, tokens: float) -> float:
+        return interp(self.tokens, self.ms, tokens) if tokens > 0 else 0.0
+
+
+@dataclass
+class RequestRounds:
+    """One prompt as the profile's run saw it."""
+
+    id: str
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str  # "stop": ended by itself; "length": would have gone on past max_tokens
+    rounds: list[list[int]] = field(default_factory=list)  # [k, drafted, accepted, count]
+
+
+@dataclass
+class DrafterStats:
+    """Acceptance of one drafter on the profile's workload, and (model drafts) what a round's drafting cost."""
+
+    name: str  # "draft" (the draft model, as the draft worker runs it) or "ngram"
+    requests: list[RequestRounds]
+    draft_ms_fixed: float = 0.0  # a round's drafting at batch 1: fixed + per_token x k
+    draft_ms_per_token: float = 0.0
+
+    def pooled(self) -> list[list[int]]:
+        """Every request's rounds, merged into [k, drafted, accepted, count] rows."""
+        counts: dict[tuple[int, int, int], int] = {}
+        for r in self.requests:
+            for k, d, a, n in r.rounds:
+                counts[(k, d, a)] = counts.get((k, d, a), 0) + n
+        return [[k, d, a, n] for (k, d, a), n in sorted(counts.items())]
+
+    def summary(self) -> dict[str, float]:
+        rows = self.pooled()
+        rounds = sum(r[3] for r in rows)
+        drafted = sum(r[1] * r[3] for r in rows)
+        accepted = sum(r[2] * r[3] for r in rows)
+        rejections = sum(r[3] for r in rows if r[2] < r[1])
+        return {
+            "rounds": rounds,
+            "k_mean": round(sum(r[0] * r[3] for r in rows) / rounds, 3) if rounds else 0.0,
+            "drafted_per_round": round(drafted / rounds, 3) if rounds else 0.0,
+            "acceptance": round(accepted / drafted, 4) if drafted else 0.0,
+            "acceptance_mle": round(accepted / (accepted + rejections), 4) if accepted + rejections else 0.0,
+            "tau": round((accepted + rounds) / rounds, 3) if rounds else 1.0,
+        }
+
+
+@dataclass
+class Overhead:
+    """Per round, outside the workers' compute: the router, and the RPCs' own time."""
+
+    router_ms: float = 1.0
+    router_ms_per_row: float = 0.0
+    verify_rpc_ms: float = 1.0
+    draft_rpc_ms: float = 1.0
+    source: str = "default (not measured)"
+
+
+@dataclass
+class Profile:
+    machine: dict[str, Any]
+    device: str
+    target: dict[str, Any]  # model, dtype, config (layers, hidden, heads, kv_heads, head_dim, vocab, params)
+    target_forward: Grid
+    target_prefill: Curve
+    draft: dict[str, Any] | None = None
+    draft_forward: Grid | None = None
+    draft_prefill: Curve | None = None
+    draft_propose: Grid | None = None  # a whole Propose by (batch, k), lookup guesses included
+    overhead: Overhead = field(default_factory=Overhead)
+    drafters: dict[str, DrafterStats] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)  # prompts, max_tokens, k_policy of the acceptance run
+    tp: dict[str, Any] | None = None  # target verify by TP degree: not measured yet (tensor parallelism is new)
+    created: str = ""
+    budget_s: float | None = None
+    elapsed_s: float = 0.0
+    skipped: list[str] = field(default_factory=list)  # parts the time budget left out
+    schema: str = SCHEMA
+
+    # ---- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            raise ProfileError(f"not a specdec profile (expected schema {SCHEMA!r}); make one with `specdec profile`")
+        try:
+            drafters = {
+                name: DrafterStats(
+                    name=s["name"],
+                    requests=[RequestRounds(**r) for r in s["requests"]],
+                    draft_ms_fixed=s.get("draft_ms_fixed", 0.0),
+                    draft_ms_per_token=s.get("draft_ms_per_token", 0.0),
+                )
+                for name, s in d.get("drafters", {}).items()
+            }
+            return cls(
+                machine=d["machine"],
+                device=d["device"],
+                target=d["target"],
+                target_forward=Grid(**d["target_forward"]),
+                target_prefill=Curve(**d["target_prefill"]),
+                draft=d.get("draft"),
+                draft_forward=Grid(**d["draft_forward"]) if d.get("draft_forward") else None,
+                draft_prefill=Curve(**d["draft_prefill"]) if d.get("draft_prefill") else None,
+                draft_propose=Grid(**d["draft_propose"]) if d.get("draft_propose") else None,
+                overhead=Overhead(**d.get("overhead", {})),
+                drafters=drafters,
+                workload=d.get("workload", {}),
+                tp=d.get("tp"),
+                created=d.get("created", ""),
+                budget_s=d.get("budget_s"),
+                elapsed_s=d.get("elapsed_s", 0.0),
+                skipped=list(d.get("skipped", [])),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ProfileError(f"the profile is missing or mistypes a field ({exc}); take it again") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ProfileError(f"{path}: no such profile; make one with `specdec profile`") from None
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"{path}: not JSON ({exc.msg})") from None
+        return cls.from_dict(data)

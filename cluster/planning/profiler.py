@@ -1,0 +1,390 @@
+"""``specdec profile``: measure on this machine what the simulator's cost and acceptance models need.
+
+In order, each within what is left of ``budget_s`` (a part that does not fit is listed in the
+profile's ``skipped``): the target's forward by (batch, tokens per row) and its prefill by prompt
+length; the same for the draft model built as the draft worker builds it (int8, vocabulary subset,
+lookup guesses); then the acceptance run: each prompt through the single-process engine at batch 1
+with the router's k policy, once per drafter (the draft model, the n-gram drafter), recording
+every round's k, drafted and accepted tokens and the drafting time. Router and RPC overheads come
+from a `specdec bench serve` result (:func:`overhead_from_bench`), or stay at their defaults.
+Forward timing is :func:`specdec.bench.runner.forward_times`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, RequestRounds
+from specdec.bench.runner import forward_times, median_ms
+from specdec.core.request_state import KPolicy
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ProfileOptions", "take_profile", "overhead_from_bench"]
+
+
+@dataclass
+class ProfileOptions:
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    prompts: str = "humaneval:8"
+    max_tokens: int = 128
+    budget_s: float = 600.0
+    threads: int | None = None
+    batches: tuple[int, ...] = (1, 2, 4, 8)
+    tokens: tuple[int, ...] = (1, 2, 4, 8, 13)
+    draft_tokens: tuple[int, ...] = (1, 2, 4)
+    draft_ks: tuple[int, ...] = (1, 2, 4, 8, 12)  # Propose lengths timed
+    context: int = 168
+    prefill_lengths: tuple[int, ...] = (16, 64, 128, 256, 512)
+    repeat: int = 3
+    k_policy: KPolicy = field(default_factory=lambda: KPolicy(k=4, adaptive=True, k_min=1, k_max=12, cost_ratio=0.2))
+    drafters: tuple[str, ...] = ("draft", "ngram")
+
+
+class _Budget:
+    def __init__(self, seconds: float, progress: Callable[[str], None]):
+        self.t0 = time.monotonic()
+        self.seconds = seconds
+        self.progress = progress
+        self.skipped: list[str] = []
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def left(self) -> float:
+        return self.seconds - self.elapsed
+
+    def allow(self, part: str, estimate_s: float = 0.0) -> bool:
+        if self.left() > estimate_s:
+            self.progress(f"[{self.elapsed:6.1f} s] {part}")
+            return True
+        self.progress(f"[{self.elapsed:6.1f} s] skipped (budget): {part}")
+        self.skipped.append(part)
+        return False
+
+
+def _machine(threads: int) -> dict:
+    import torch
+    import transformers
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "load_avg_1m_start": round(load[0], 2),
+    }
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda"):
+        return f"cuda: {torch.cuda.get_device_name(0)}"
+    return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def _model_info(loaded, dtype: str) -> dict:
+    cfg = loaded.model.config
+    heads = int(cfg.num_attention_heads)
+    return {
+        "model": loaded.name,
+        "dtype": dtype,
+        "config": {
+            "layers": int(cfg.num_hidden_layers),
+            "hidden": int(cfg.hidden_size),
+            "heads": heads,
+            "kv_heads": int(getattr(cfg, "num_key_value_heads", heads)),
+            "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+            "vocab": int(cfg.vocab_size),
+            "params": int(sum(p.numel() for p in loaded.model.parameters())),
+        },
+    }
+
+
+def _grid(runner, opts: ProfileOptions, sizes: tuple[int, ...], budget: _Budget, what: str) -> Grid | None:
+    context = list(range(100, 100 + opts.context))
+    rows: list[list[float]] = []
+    batches: list[int] = []
+    for b in opts.batches:
+        if not budget.allow(f"{what} forward, batch {b}, tokens per row {list(sizes)}", 0.0):
+            break
+        ms = forward_times(runner, b, context, sizes, opts.repeat, warmup=1)
+        rows.append([round(ms[n], 3) for n in sizes])
+        batches.append(b)
+    return Grid(batches, list(sizes), rows, opts.context) if rows else None
+
+
+def _prefill_curve(runner, opts: ProfileOptions, budget: _Budget, what: str) -> Curve | None:
+    lengths, times = [], []
+    for n in opts.prefill_lengths:
+        if n + 1 > runner.max_len or not budget.allow(f"{what} prefill of {n} tokens", 0.0):
+            break
+        slot = runner.alloc_slot()
+        feed = list(range(100, 100 + n))
+
+        def run(slot=slot, feed=feed):
+            runner.forward([slot], [feed], num_logits=0)
+            runner.rollback(slot, 0)
+
+        try:
+            times.append(round(median_ms(run, opts.repeat, warmup=1), 3))
+            lengths.append(n)
+        finally:
+            runner.free_slot(slot)
+    return Curve(lengths, times) if lengths else None
+
+
+def _time_proposes(drafter, seqs: list[list[int]], ks: tuple[int, ...], repeat: int, max_tokens: int) -> list[float]:
+    from specdec.core.drafters import DraftInput
+    from specdec.core.params import SamplingParams, VerifyMode
+
+    params = SamplingParams(max_tokens=max_tokens)
+    ids = [f"p{i}" for i in range(len(seqs))]
+
+    def propose(k: int) -> None:
+        drafts = drafter.propose([DraftInput(r, s, params, VerifyMode.GREEDY, k) for r, s in zip(ids, seqs)])
+        for s, d in zip(seqs, drafts):
+            s.extend(d.tokens[:k] or [7])
+
+    try:
+        propose(1)  # caches the prompts
+        return [round(median_ms(lambda k=k: propose(k), repeat, warmup=1), 3) for k in ks]
+    finally:
+        for r in ids:
+            drafter.release(r)
+
+
+def _propose_grid(d_runner, prompt_ids: list[list[int]], opts: ProfileOptions, budget: _Budget) -> Grid | None:
+    """A draft worker's Propose by (batch, k): B of the workload's prompts, each round continuing
+    from the last draft (all accepted), the prefill untimed."""
+    from specdec.core.build import model_drafter_on
+
+    ks = tuple(k for k in opts.draft_ks if k <= opts.k_policy.k_max) or (1,)
+    rows, batches = [], []
+    for b in opts.batches:
+        if not budget.allow(f"draft Propose, batch {b}, k {list(ks)}", 0.0):
+            break
+        seqs = [list(prompt_ids[i % len(prompt_ids)]) for i in range(b)]
+        rows.append(_time_proposes(model_drafter_on(d_runner), seqs, ks, opts.repeat, opts.max_tokens))
+        batches.append(b)
+    return Grid(batches, list(ks), rows, 0) if rows else None
+
+
+class _Recorder:
+    """A drafter that notes each proposal's k, its draft length and its time."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls: list[tuple[int, int, float]] = []
+
+    def propose(self, inputs):
+        t0 = time.perf_counter()
+        drafts = self.inner.propose(inputs)
+        dt = time.perf_counter() - t0
+        for inp, d in zip(inputs, drafts):
+            self.calls.append((inp.k, min(len(d.tokens), inp.k), dt))
+        return drafts
+
+    def prefill(self, inputs):
+        self.inner.prefill(inputs)
+
+    def release(self, request_id):
+        self.inner.release(request_id)
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares (intercept, slope) through (x, y) points; None when x never varies."""
+    n = len(points)
+    if n < 2:
+        return None
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((x - mx) ** 2 for x, _ in points)
+    if var <= 1e-9:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in points) / var
+    return my - slope * mx, slope
+
+
+def _fit_draft_ms(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    """ms = fixed + per_token x k over (k, ms) samples; all per token when the line says nothing sane."""
+    samples = [(k, ms) for k, ms in samples if k > 0]
+    if not samples:
+        return 0.0, 0.0
+    line = _line(samples)
+    if line is None or line[0] < 0 or line[1] <= 0:
+        return 0.0, sum(t for _, t in samples) / sum(k for k, _ in samples)
+    return line
+
+
+def _acceptance(engine_factory, name: str, prompts, tokenizer, opts: ProfileOptions, budget: _Budget) -> DrafterStats:
+    from specdec.core.params import SamplingParams
+    from specdec.core.prompts import encode
+
+    engine, recorder = engine_factory()
+    requests: list[RequestRounds] = []
+    timing: list[tuple[int, float]] = []
+    last = 0.0
+    for prompt in prompts:
+        if not budget.allow(f"acceptance, {name} drafter: {prompt.id}", last):
+            break
+        t0 = time.monotonic()
+        ids = encode(tokenizer, prompt)
+        rid = engine.add_request(ids, SamplingParams(max_tokens=opts.max_tokens))
+        rounds: dict[tuple[int, int, int], int] = {}
+        first = True
+        while engine.has_work:
+            recorder.calls.clear()
+            before = engine.running[0].stats.accepted if engine.running else 0
+            engine.step()
+            req = engine.finished.get(rid) or engine.running[0]
+            for k, d, dt in recorder.calls:
+                a = req.stats.accepted - before
+                rounds[(k, d, a)] = rounds.get((k, d, a), 0) + 1
+                if not first:
+                    timing.append((k, dt * 1e3))
+                first = False
+        res = engine.result(rid)
+        requests.append(
+            RequestRounds(
+                id=prompt.id,
+                prompt_tokens=len(ids),
+                output_tokens=len(res.token_ids),
+                finish_reason=res.finish_reason,
+                rounds=[[k, d, a, n] for (k, d, a), n in sorted(rounds.items())],
+            )
+        )
+        last = time.monotonic() - t0
+    fixed, per_token = _fit_draft_ms(timing) if name == "draft" else (0.0, 0.0)
+    return DrafterStats(name, requests, round(fixed, 3), round(per_token, 3))
+
+
+def take_profile(
+    target: str,
+    draft: str | None,
+    opts: ProfileOptions,
+    overhead: Overhead | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> Profile:
+    import torch
+
+    from specdec.core.build import check_same_vocab, make_draft_runner, model_drafter_on
+    from specdec.core.drafters import NgramProposer
+    from specdec.core.engine import SpecEngine
+    from specdec.core.models import load_model
+    from specdec.core.prompts import encode, load_prompts
+    from specdec.core.runner import ModelRunner
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    budget = _Budget(opts.budget_s, progress)
+    machine = _machine(torch.get_num_threads())
+    prompts = load_prompts(opts.prompts)
+    progress(f"loading {target}" + (f" and {draft}" if draft else ""))
+    tgt = load_model(target, dtype=opts.dtype, device=opts.device)
+    prompt_ids = [encode(tgt.tokenizer, p) for p in prompts]
+    dft = load_model(draft, dtype=opts.dtype, device=opts.device) if draft else None
+    if dft is not None:
+        check_same_vocab(tgt, dft)
+    max_len = max(opts.context + max(opts.tokens) + 1, max(opts.prefill_lengths) + 1, 4096)
+    slots = max(opts.batches)
+    with torch.inference_mode():
+        t_runner = ModelRunner(tgt.model, num_slots=slots, max_len=max_len)
+        t_grid = _grid(t_runner, opts, opts.tokens, budget, "target")
+        t_prefill = _prefill_curve(t_runner, opts, budget, "target")
+        if t_grid is None or t_prefill is None:
+            raise RuntimeError(f"the budget of {opts.budget_s:.0f} s did not cover the target's forwards")
+        d_runner = d_grid = d_prefill = d_propose = None
+        if dft is not None:
+            d_runner = make_draft_runner(dft, slots, max_len)
+            d_grid = _grid(d_runner, opts, opts.draft_tokens, budget, "draft")
+            d_prefill = _prefill_curve(d_runner, opts, budget, "draft")
+            d_propose = _propose_grid(d_runner, prompt_ids, opts, budget)
+        drafters: dict[str, DrafterStats] = {}
+        eos = tgt.eos_token_ids
+        for name in opts.drafters:
+            if name == "draft" and (d_runner is None or d_grid is None):
+                continue
+
+            def factory(name=name):
+                inner = model_drafter_on(d_runner) if name == "draft" else NgramProposer()
+                rec = _Recorder(inner)
+                runner = ModelRunner(tgt.model, num_slots=1, max_len=max_len)
+                return SpecEngine(runner, tgt.tokenizer, rec, k_policy=opts.k_policy, eos_token_ids=eos), rec
+
+            drafters[name] = _acceptance(factory, name, prompts, tgt.tokenizer, opts, budget)
+    machine["load_avg_1m_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else 0.0
+    return Profile(
+        machine=machine,
+        device=_device_name(opts.device),
+        target=_model_info(tgt, opts.dtype),
+        target_forward=t_grid,
+        target_prefill=t_prefill,
+        draft=_model_info(dft, opts.dtype) if dft is not None else None,
+        draft_forward=d_grid,
+        draft_prefill=d_prefill,
+        draft_propose=d_propose,
+        overhead=overhead or Overhead(),
+        drafters=drafters,
+        workload={"prompts": opts.prompts, "max_tokens": opts.max_tokens, "k_policy": vars(opts.k_policy)},
+        tp=None,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        budget_s=opts.budget_s,
+        elapsed_s=round(budget.elapsed, 1),
+        skipped=budget.skipped,
+    )
+
+
+def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhead:
+    """Router and RPC time per round from a `specdec bench serve` result (its scenarios' round split,
+    scraped from the router's /metrics). The router's phase there holds the rounds' prefills: the
+    prefill the profile predicts for the scenario's requests is taken out, and the router's cost per
+    row is fitted across scenarios of different mean batch (request-rounds per round). The draft
+    RPC is the draft wait less the Propose the profile predicts for the mean batch and k."""
+    prefill_ms = 0.0
+    if profile is not None and profile.drafters:
+        reqs = next(iter(profile.drafters.values())).requests
+        if reqs:
+            prefill_ms = sum(profile.target_prefill.at(r.prompt_tokens - 1) for r in reqs) / len(reqs)
+    points = []
+    rpc, drpc = [], []
+    for r in result.get("results", []):
+        s, split = r.get("summary", {}), r.get("summary", {}).get("split")
+        if not split or r.get("mode") == "engine" or not split.get("rounds"):
+            continue
+        batch = (s.get("rounds") or split["rounds"]) / split["rounds"]
+        prefill = prefill_ms * s.get("requests", 0) / split["rounds"]
+        points.append((batch, max(0.0, split.get("router_ms_per_round", 0.0) - prefill)))
+        if split.get("rpc_ms_per_round") is not None:
+            rpc.append(split["rpc_ms_per_round"])
+        k = split.get("drafted_per_round", 0.0) / max(batch, 1.0)
+        if k > 0 and split.get("draft_wait_ms_per_round"):
+            grid = profile.draft_propose if profile is not None else None
+            predicted = grid.at(batch, k) if grid is not None else 0.0
+            drpc.append(max(0.0, split["draft_wait_ms_per_round"] - predicted))
+    if not points:
+        raise ValueError("the bench serve result has no round split (was the router's /metrics reachable?)")
+    line = _line(points)
+    fixed, per_row = line if line is not None and line[0] >= 0 and line[1] >= 0 else (0.0, 0.0)
+    if per_row == 0.0:
+        fixed = sum(t for _, t in points) / len(points)
+    return Overhead(
+        router_ms=round(fixed, 3),
+        router_ms_per_row=round(per_row, 4),
+        verify_rpc_ms=round(sum(rpc) / len(rpc), 3) if rpc else Overhead.verify_rpc_ms,
+        draft_rpc_ms=round(min(drpc), 3) if drpc else Overhead.draft_rpc_ms,
+        source=f"bench serve result ({len(points)} scenarios)",
+    )

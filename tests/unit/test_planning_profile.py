@@ -1,0 +1,101 @@
+"""`specdec profile` on tiny models (every part measured, the JSON valid), the overheads read from a
+`specdec bench serve` result, and `specdec simulate` predicting and comparing a bench run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cluster.planning.profile import Profile
+from cluster.planning.profiler import ProfileOptions, overhead_from_bench, take_profile
+from specdec.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    rows = [{"id": "a", "prompt": "def add(a, b):\n    return a + b\n\ndef add(", "chat": False},
+            {"id": "b", "prompt": "abcabcabcabc abcabc", "chat": False}]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tiny_paths, prompts_file) -> Profile:
+    opts = ProfileOptions(
+        dtype="float32",
+        prompts=str(prompts_file),
+        max_tokens=12,
+        budget_s=120,
+        threads=1,
+        batches=(1, 2),
+        tokens=(1, 4),
+        draft_tokens=(1, 2),
+        draft_ks=(1, 4),
+        context=16,
+        prefill_lengths=(8, 32),
+        repeat=1,
+    )
+    return take_profile(str(tiny_paths["llama"]), str(tiny_paths["llama-draft"]), opts)
+
+
+def test_profile_measures_every_part_and_says_where_it_came_from(tiny_profile, tmp_path):
+    p = tiny_profile
+    assert not p.skipped and p.elapsed_s > 0 and p.created
+    assert p.machine["cores"] >= 1 and p.machine["torch"] and p.device.startswith("cpu")
+    assert p.target["dtype"] == "float32" and p.target["config"]["layers"] >= 1 and p.draft["config"]["params"] > 0
+    assert p.target_forward.batch == [1, 2] and all(v > 0 for row in p.target_forward.ms for v in row)
+    assert p.draft_propose is not None and p.draft_propose.tokens == [1, 4] and p.draft_prefill is not None
+    assert set(p.drafters) == {"draft", "ngram"} and p.tp is None
+    for stats in p.drafters.values():
+        assert [r.id for r in stats.requests] == ["a", "b"]
+        assert all(r.output_tokens == 12 and r.rounds for r in stats.requests)
+        assert sum(d for r in stats.requests for _, d, _, _ in r.rounds) > 0
+    assert p.drafters["draft"].draft_ms_per_token > 0
+    assert Profile.load(p.save(tmp_path / "p.json")).to_dict() == p.to_dict()
+
+
+def test_a_budget_too_small_says_what_it_skipped(tiny_paths, prompts_file):
+    opts = ProfileOptions(dtype="float32", prompts=str(prompts_file), budget_s=0.0, batches=(1,), tokens=(1,))
+    with pytest.raises(RuntimeError, match="budget"):
+        take_profile(str(tiny_paths["llama"]), None, opts)
+
+
+def test_overhead_from_a_bench_serve_result(tiny_profile):
+    def scenario(batch: float, router_ms: float) -> dict:
+        split = {"rounds": 100, "router_ms_per_round": router_ms, "rpc_ms_per_round": 2.0,
+                 "draft_wait_ms_per_round": 50.0, "drafted_per_round": 4.0 * batch}  # fmt: skip
+        return {"mode": "auto", "summary": {"requests": 10, "rounds": int(100 * batch), "split": split}}
+
+    bench = {"results": [scenario(1, 30.0), scenario(4, 60.0)]}
+    o = overhead_from_bench(bench)
+    assert o.router_ms == pytest.approx(20.0) and o.router_ms_per_row == pytest.approx(10.0)
+    assert o.verify_rpc_ms == 2.0 and o.draft_rpc_ms == 50.0 and "2 scenarios" in o.source
+    # with a profile, the rounds' prefills and the predicted Propose come out of the router and draft phases
+    p = overhead_from_bench(bench, tiny_profile)
+    assert p.router_ms + p.router_ms_per_row < o.router_ms + o.router_ms_per_row and p.draft_rpc_ms < 50.0
+    with pytest.raises(ValueError, match="round split"):
+        overhead_from_bench({"results": [{"mode": "auto", "summary": {}}]})
+
+
+def test_simulate_command_predicts_and_compares(tiny_profile, tmp_path, capsys):
+    prof = tiny_profile.save(tmp_path / "p.json")
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--profile", str(prof), "--rate", "1", "--concurrency", "1", "--requests", "3",
+                 "--max-tokens", "12", "--json", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "poisson 1.0/s" in text and "closed c=1" in text
+    pred = json.loads(out.read_text())
+    assert {(r["scenario"], r["mode"]) for r in pred["results"]} == {
+        (s, m) for s in ("closed c=1", "poisson 1.0/s") for m in ("auto", "off")
+    }
+    # a bench serve result of the same scenarios: the comparison lines up each one
+    bench = {"options": {"requests": 3, "max_tokens": 12, "modes": ["auto", "off"], "seed": 0},
+             "results": [dict(r) for r in pred["results"]]}  # fmt: skip
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert main(["simulate", "--profile", str(prof), "--compare", str(tmp_path / "bench.json")]) == 0
+    text = capsys.readouterr().out
+    assert "predicted vs measured" in text and "(+0%)" in text  # the same run, so no error
+    assert main(["simulate", "--profile", str(tmp_path / "missing.json"), "--rate", "1"]) == 2
+    assert "no such profile" in capsys.readouterr().err

@@ -1,0 +1,229 @@
+"""The capacity simulator (cluster/planning): profiles, workloads, and the router's policy run over
+simulated workers. Costs come from small hand-written profiles, so every expected time is known."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import pytest
+
+from cluster.planning.costs import ProfileCosts
+from cluster.planning.policies import RouterPolicy
+from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, ProfileError, RequestRounds
+from cluster.planning.simulator import Deployment, simulate
+from cluster.planning.workload import (
+    AcceptanceModel,
+    SimRequestSpec,
+    WorkloadError,
+    acceptance_pool,
+    load_trace,
+    parse_lengths,
+    poisson_requests,
+)
+from router.config import RouterConfig
+from specdec.core.request_state import KPolicy
+from specdec.core.speedup import expected_tokens
+
+VERIFY_MS = 100.0
+DRAFT_MS_PER_TOKEN = 10.0
+
+
+def make_profile(verify_ms: float = VERIFY_MS, draft_ms: float = DRAFT_MS_PER_TOKEN, a: float = 0.8) -> Profile:
+    """Flat costs: a verify of any size costs verify_ms, a Propose draft_ms x k, a prefill 1 ms/token."""
+    rounds = [[4, 4, 4, 8], [4, 4, 2, 3], [4, 4, 0, 2]]
+    return Profile(
+        machine={"host": "test"},
+        device="cpu: test",
+        target={"model": "t", "dtype": "float32"},
+        target_forward=Grid([1, 64], [1, 16], [[verify_ms, verify_ms], [verify_ms, verify_ms]]),
+        target_prefill=Curve([1, 1000], [1.0, 1000.0]),
+        draft={"model": "d", "dtype": "float32"},
+        draft_forward=Grid([1, 64], [1, 4], [[draft_ms, draft_ms], [draft_ms, draft_ms]]),
+        draft_prefill=Curve([1, 1000], [0.1, 100.0]),
+        draft_propose=Grid([1, 64], [1, 16], [[draft_ms, 16 * draft_ms], [draft_ms, 16 * draft_ms]]),
+        overhead=Overhead(router_ms=0.0, verify_rpc_ms=0.0, draft_rpc_ms=0.0, source="test"),
+        drafters={"draft": DrafterStats("draft", [RequestRounds("p0", 64, 32, "length", rounds)])},
+        workload={"max_tokens": 32},
+    )
+
+
+def requests(n: int, a: float, prompt: int = 16, output: int = 32, rate: float | None = None) -> list[SimRequestSpec]:
+    acc = {"draft": [AcceptanceModel.iid(a)], "ngram": [AcceptanceModel.iid(a)]}
+    if rate is None:
+        return [SimRequestSpec(0.0, prompt, output, {k: v[0] for k, v in acc.items()}, f"r{i}") for i in range(n)]
+    return poisson_requests(n, rate, parse_lengths(str(prompt)), parse_lengths(str(output)), acc, seed=1)
+
+
+def deployment(profile: Profile | None = None, mode: str = "auto", **router) -> Deployment:
+    base = {"micro_batches": 1, "predraft": False, "max_batched_tokens": 0}
+    cfg = RouterConfig(**(base | router))
+    return Deployment(costs=ProfileCosts(profile or make_profile()), policy=RouterPolicy(cfg), mode=mode)
+
+
+# ---- profile and workload ----------------------------------------------------------------------
+
+
+def test_profile_round_trips_and_rejects_what_is_not_one(tmp_path):
+    p = make_profile()
+    path = p.save(tmp_path / "p.json")
+    q = Profile.load(path)
+    assert q.to_dict() == p.to_dict()
+    assert q.draft_propose.at(3, 4) == pytest.approx(DRAFT_MS_PER_TOKEN * (1 + 15 * 3 / 15))
+    bad = p.to_dict() | {"schema": "other"}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ProfileError, match="not a specdec profile"):
+        Profile.load(tmp_path / "bad.json")
+    broken = p.to_dict()
+    del broken["target_forward"]
+    with pytest.raises(ProfileError, match="missing"):
+        Profile.from_dict(broken)
+    with pytest.raises(ProfileError, match="one time per token count"):
+        Grid([1], [1, 2], [[1.0]])
+
+
+def test_grid_interpolates_and_never_extrapolates_below_the_largest_measured():
+    g = Grid([1, 4], [1, 8], [[10.0, 20.0], [40.0, 80.0]])
+    assert g.at(1, 1) == 10.0 and g.at(4, 8) == 80.0
+    assert g.at(2.5, 4.5) == pytest.approx(37.5)
+    assert g.at(8, 8) == pytest.approx(160.0)  # linear past the grid
+    assert Curve([10, 20], [5.0, 5.0]).at(1000) == 5.0 and Curve([10], [5.0]).at(0) == 0.0
+
+
+def test_acceptance_model_recovers_an_iid_rate():
+    rng = random.Random(0)
+    truth = AcceptanceModel.iid(0.7)
+    counts: dict[tuple, int] = {}
+    for _ in range(4000):
+        d, a, _ = truth.sample(6, rng)
+        counts[(6, d, a)] = counts.get((6, d, a), 0) + 1
+    est = AcceptanceModel.from_rounds([[k, d, a, n] for (k, d, a), n in counts.items()])
+    assert all(p == 1.0 for p in est.draft_p)
+    assert all(abs(p - 0.7) < 0.04 for p in est.accept_p)
+    taus = [1 + est.sample(4, rng)[1] for _ in range(4000)]
+    assert sum(taus) / len(taus) == pytest.approx(expected_tokens(0.7, 4), rel=0.05)
+
+
+def test_lengths_and_traces(tmp_path):
+    assert parse_lengths("128").mean == 128 and parse_lengths("uniform:10:20").mean == 15
+    assert parse_lengths("profile", [3, 5]).mean == 4
+    for bad in ("0", "uniform:5:1", "profile", "lognormal:1:2"):
+        with pytest.raises(WorkloadError):
+            parse_lengths(bad)
+    trace = tmp_path / "t.jsonl"
+    rows = [{"t": 10.5, "prompt_tokens": 100, "output_tokens": 20}, {"t": 10.0, "prompt_tokens": 5, "output_tokens": 7}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reqs = load_trace(trace, {"draft": [AcceptanceModel.iid(0.5)]})
+    assert [(r.t, r.prompt_tokens, r.output_tokens) for r in reqs] == [(0.0, 5, 7), (0.5, 100, 20)]
+    (tmp_path / "bad.csv").write_text("t,prompt_tokens\n1,2\n")
+    with pytest.raises(WorkloadError, match="row 1"):
+        load_trace(tmp_path / "bad.csv", {})
+
+
+# ---- the simulation ----------------------------------------------------------------------------
+
+
+def test_one_request_off_costs_one_verify_per_token():
+    res = simulate(deployment(mode="off"), requests(1, 0.8))
+    s = res.summary
+    assert s["tokens"] == 32 and s["errors"] == 0 and s["k_mean"] == 0
+    assert s["tpot_ms_p50"] == pytest.approx(VERIFY_MS)
+    assert s["ttft_ms_p50"] == pytest.approx(15.0 + VERIFY_MS)  # the prompt less its last token, then a verify
+    assert res.utilization["target"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_speculation_follows_the_acceptance_and_the_k_policy():
+    always = simulate(deployment(k_policy=KPolicy(k=4)), requests(1, 1.0))
+    s = always.summary
+    assert s["tokens"] == 32 and s["acceptance"] == 1.0
+    assert s["rounds"] == 7  # six rounds of 4 drafted + the bonus token, then k = 1 for the last two tokens
+    assert s["tpot_ms_p50"] == pytest.approx((VERIFY_MS + 4 * DRAFT_MS_PER_TOKEN) / 5, rel=0.1)
+    never = simulate(deployment(k_policy=KPolicy(k=4, adaptive=True, k_min=1)), requests(1, 0.0))
+    assert never.summary["accepted"] == 0 and never.summary["k_mean"] < 1.5  # adaptive k falls to k_min
+
+
+def test_the_simulator_calls_the_routers_policy(monkeypatch):
+    """Patching the router's own function changes the simulation: it runs no copy of it."""
+    import router.policy
+
+    monkeypatch.setattr(router.policy, "want_k", lambda *a, **k: 0)
+    res = simulate(deployment(k_policy=KPolicy(k=4)), requests(2, 1.0))
+    assert res.summary["drafted"] == 0 and res.summary["tau"] == 1.0
+
+
+def test_goodput_gate_turns_speculation_off_above_the_batch():
+    gated = simulate(deployment(k_policy=KPolicy(k=4), auto_off_batch=2), requests(6, 1.0))
+    free = simulate(deployment(k_policy=KPolicy(k=4)), requests(6, 1.0))
+    assert gated.summary["drafted"] < free.summary["drafted"]
+    explicit = simulate(deployment(k_policy=KPolicy(k=4), auto_off_batch=2, mode="draft"), requests(6, 1.0))
+    assert explicit.summary["drafted"] == free.summary["drafted"]  # only AUTO requests are gated
+
+
+def test_late_drafts_fail_open_and_requests_still_complete():
+    slow = make_profile(draft_ms=400.0)  # a draft of 4 tokens takes 16 verifies; the deadline allows 10
+    res = simulate(deployment(slow, k_policy=KPolicy(k=4), draft_deadline_s=5.0), requests(2, 1.0))
+    s = res.summary
+    assert s["fail_open_rounds"] > 0 and s["errors"] == 0 and s["tokens"] == 64
+
+
+def test_chunked_prefill_under_the_round_budget():
+    whole = simulate(deployment(mode="off"), requests(1, 0.8, prompt=1001))
+    chunked = simulate(deployment(mode="off", max_batched_tokens=256, prefill_chunk=128), requests(1, 0.8, prompt=1001))
+    assert whole.summary["ttft_ms_p50"] == pytest.approx(1000.0 + VERIFY_MS)
+    # eight chunks of 128 tokens or less, one per round, each costing its tokens, then the verify
+    assert chunked.summary["ttft_ms_p50"] == pytest.approx(1000.0 + VERIFY_MS)
+    mixed = simulate(deployment(mode="off", max_batched_tokens=256, prefill_chunk=128), requests(1, 0.8) + [
+        SimRequestSpec(0.0, 1001, 8, {}, "long")])  # fmt: skip
+    short = [r for r in mixed.records if r["id"] == "r0"][0]
+    assert short["t_first"] < 0.5  # the short request is not stuck behind the long prompt
+
+
+def test_lanes_split_a_batch_and_predrafts_hit_when_all_is_accepted():
+    one = simulate(deployment(k_policy=KPolicy(k=2), micro_batches=1), requests(8, 1.0))
+    two = simulate(deployment(k_policy=KPolicy(k=2), micro_batches=2, split_min_batch=4), requests(8, 1.0))
+    assert one.mean_batch == pytest.approx(8.0, abs=0.5) and two.mean_batch == pytest.approx(4.0, abs=0.5)
+    pre = simulate(deployment(k_policy=KPolicy(k=2), predraft=True), requests(1, 1.0))
+    assert pre.predraft_hit_rate is not None and pre.predraft_hit_rate > 0.8
+    assert pre.summary["tpot_ms_p50"] < one.summary["tpot_ms_p50"]
+
+
+def test_queue_limit_rejects_and_closed_loop_sends_one_at_a_time():
+    full = simulate(deployment(mode="off", max_queue=1, max_batch=1), requests(4, 0.8))
+    assert full.rejected == 2 and full.summary["errors"] == 2
+    closed = simulate(deployment(mode="off"), requests(3, 0.8), closed=1)
+    ends = sorted(r["t_end"] for r in closed.records)
+    starts = sorted(r["t_start"] for r in closed.records)
+    assert starts[1:] == ends[:-1]  # each request starts as the last one ends
+    assert closed.summary["wall_s"] == pytest.approx(3 * (15.0 + 32 * VERIFY_MS) / 1e3)
+
+
+def test_an_overloaded_deployment_reports_unfinished_requests():
+    res = simulate(deployment(mode="off"), requests(50, 0.8, rate=50.0), time_limit=5.0)
+    assert res.unfinished > 0 and res.summary["errors"] == res.unfinished
+
+
+def test_poisson_arrivals_are_bench_serves(monkeypatch):
+    from specdec.bench.serve import poisson_arrivals
+
+    reqs = requests(5, 0.5, rate=2.0)
+    assert [r.t for r in reqs] == poisson_arrivals(5, 2.0, 1)
+    pool = acceptance_pool(make_profile().drafters["draft"])
+    assert len(pool) == 1 and 0.0 < pool[0].accept_p[0] < 1.0
+    with pytest.raises(WorkloadError, match="no acceptance model"):
+        simulate(deployment(), [dataclasses.replace(reqs[0], acceptance={})])
+
+
+def test_a_rebalancer_plugs_in_and_sees_telemetry():
+    seen = []
+
+    def rebalance(telemetry):
+        seen.extend(telemetry)
+        return {0: 1}  # depth 1 for group 0 from now on
+
+    dep = deployment(k_policy=KPolicy(k=4))
+    dep.policy.rebalance, dep.policy.rebalance_interval_s = rebalance, 0.5
+    res = simulate(dep, requests(4, 1.0, rate=1.0))
+    assert seen and seen[0].group == 0 and 0.0 <= seen[0].target_busy <= 1.0 and seen[0].k_max == 12
+    late = [r for r in res.records if r["t_start"] > 0.5]
+    assert late and all(r["stats"]["drafted"] <= r["stats"]["rounds"] for r in late)  # k <= 1 per round
