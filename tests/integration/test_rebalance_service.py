@@ -269,6 +269,8 @@ def test_a_dead_drafter_drops_out_and_comes_back(cluster, engine, wait_for_resta
         assert time.monotonic() < t_end, "the router did not find the restarted drafter"
         time.sleep(0.1)
     before = cluster.drafted()["draft-1"]
+    # a restarted drafter is a new process: its old measurements are dropped and it is priced at the
+    # pool's median, so it gets requests again at once (router/drafter_pool.py, DrafterPool.view)
     reqs, expected = _requests(engine, 6, 24)
     _check_outputs(_run_concurrently(cluster.client, reqs), expected)
     assert cluster.drafted()["draft-1"] > before, cluster.router.router.pool.views()
