@@ -16,6 +16,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -223,14 +224,19 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
 
     async def GenerateStream(self, request: generate_pb2.GenerateRequest, context):
         call = _Call(AccessRecord("GenerateStream", context.peer()))
+        # aclosing: a client that goes away closes this generator at its `yield`; the chunks'
+        # cleanup (cancel the job, status CANCELLED) must run before the access line is written.
         try:
-            async for job, chunk in self._chunks(request, context, call):
-                msg = generate_pb2.GenerateChunk(request_id=job.request_id, text=chunk.text, token_ids=chunk.token_ids)
-                if chunk.finish_reason is not None:
-                    msg.finish_reason = chunk.finish_reason
-                    msg.usage.CopyFrom(usage_proto(job))
-                    msg.speculation.CopyFrom(stats_proto(job))
-                yield msg
+            async with aclosing(self._chunks(request, context, call)) as chunks:
+                async for job, chunk in chunks:
+                    msg = generate_pb2.GenerateChunk(
+                        request_id=job.request_id, text=chunk.text, token_ids=chunk.token_ids
+                    )
+                    if chunk.finish_reason is not None:
+                        msg.finish_reason = chunk.finish_reason
+                        msg.usage.CopyFrom(usage_proto(job))
+                        msg.speculation.CopyFrom(stats_proto(job))
+                    yield msg
         finally:
             call.rec.emit()
 

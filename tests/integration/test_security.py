@@ -170,7 +170,15 @@ _FROZEN_CLIENT = """
 import sys, time
 from specdec.rpc.client import SpecdecClient
 from specdec.rpc.client_credentials import ClientCredentials
-client = SpecdecClient(sys.argv[1], credentials=ClientCredentials.load(ca=sys.argv[2]))
+from specdec.rpc import generate_pb2_grpc
+from specdec.rpc.grpc_options import channel_options
+creds = ClientCredentials.load(ca=sys.argv[2])
+client = SpecdecClient(sys.argv[1], credentials=creds)
+# A 1 KB stream window that never grows: the server's writes block once the frozen client stops
+# reading, so the call outlives the keepalive however fast the model is (not a race with the output).
+window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+client.channel = creds.channel(sys.argv[1], channel_options(64 << 20) + window)
+client.stub = generate_pb2_grpc.GenerationStub(client.channel)
 stream = client.generate_stream(
     "def fib(n):", max_tokens=int(sys.argv[3]), ignore_eos=True, mode="off", request_id="frozen", timeout=600
 )

@@ -114,13 +114,14 @@ def _model_path(name: str, request) -> str:
 @pytest.mark.parametrize("name,ranks,lm_head,dtype,kwargs,tol", CASES, ids=[f"{c[0]}-tp{c[1]}-{c[2]}" for c in CASES])
 def test_sharded_logits_equal_unsharded(request, name, ranks, lm_head, dtype, kwargs, tol):
     path = _model_path(name, request)
-    spec = GroupSpec(path, ranks, dtype=dtype, num_slots=4, max_len=96, lm_head=lm_head, runner_kwargs=kwargs)
+    spec = GroupSpec(path, ranks, dtype=dtype, num_slots=4, max_len=40, lm_head=lm_head, runner_kwargs=kwargs)
     loaded = load_model(path, dtype=dtype)
     ref = spec.build_runner(loaded.model)
     with LocalGroup(spec, threads=1) as group:
         tp = group.start(spec.build_runner(loaded.model))
         assert tp.num_kv_heads < ref.num_kv_heads or ranks > ref.num_kv_heads
         assert tp.k_cache.shape[2] == tp.num_kv_heads  # the cache holds only this rank's KV heads
+        assert tp.k_cache.shape[3] == ref.k_cache.shape[3]  # whole key blocks, as the invariant attention reads
         _same_calls(ref, tp, loaded.model.config.vocab_size, tol)
 
 
