@@ -191,7 +191,9 @@ def follow(runner: ModelRunner, group=None) -> None:
             del runner.slot_tokens[slot][start:]
         try:
             with torch.inference_mode():
-                runner.forward(slots, tokens, [0] * rows if skip_head else n_logits, invariant=op == OP_FORWARD_INVARIANT)
+                runner.forward(
+                    slots, tokens, [0] * rows if skip_head else n_logits, invariant=op == OP_FORWARD_INVARIANT
+                )
         except RunnerError as exc:  # rank 0 refused the same call before any collective
             log.info("follower: forward refused like on rank 0: %s", exc)
         except Exception as exc:  # noqa: BLE001

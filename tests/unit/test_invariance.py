@@ -59,7 +59,7 @@ def case(request, tiny_paths) -> Case:
     small = arch != "smollm2"
     gen = random.Random(0)
     sequence = [gen.randrange(model.config.vocab_size) for _ in range(32 if small else 20)]
-    return Case(arch, model, sequence, _decode_one_by_one(model, sequence), examples=10 if small else 3)
+    return Case(arch, model, sequence, _decode_one_by_one(model, sequence), examples=10 if small else 2)
 
 
 def _feed_in_chunks(case: Case, draw: Callable, invariant: bool = True) -> None:
@@ -136,30 +136,6 @@ def test_the_fast_forward_is_not_invariant(smollm_path):
     assert not torch.equal(verified, decoded)
 
 
-def test_a_tensor_parallel_group_runs_each_forward_in_the_mode_asked(tiny_paths):
-    """Rank 0 tells the other ranks which forward to run (the two pad their GEMMs differently: mixed
-    modes would all-reduce tensors of other sizes), and two ranks stay row-invariant (a sum of two
-    partial results is the same in either order)."""
-    from specdec.core.models import load_model
-    from specdec.core.tp_group import GroupSpec, LocalGroup
-
-    path = str(tiny_paths["qwen2"])
-    spec = GroupSpec(path, 2, dtype="bfloat16", num_slots=3, max_len=MAX_LEN, lm_head="split")
-    model = load_model(path, dtype="bfloat16").model
-    seq = random.Random(2).sample(range(model.config.vocab_size), 20)
-    ref = ModelRunner(model, num_slots=1, max_len=MAX_LEN)
-    want = ref.forward([ref.alloc_slot()], [seq], 20, invariant=False)[0]
-    with LocalGroup(spec, threads=1) as group:
-        tp = group.start(spec.build_runner(model))
-        a, b, c = (tp.alloc_slot() for _ in range(3))
-        fast = tp.forward([c], [seq], 20, invariant=False)[0]
-        assert (fast - want).abs().max().item() < 0.05 * want.abs().max().item()
-        decoded = torch.cat([tp.forward([a], [[t]], invariant=True)[0] for t in seq])
-        verified = torch.cat([tp.forward([b], [seq[:7]], 7, invariant=True)[0],
-                              tp.forward([b, c], [seq[7:], [1, 2]], [13, 2], invariant=True)[0]])
-        assert torch.equal(verified, decoded)
-
-
 # ---- end to end: speculation changes nothing ------------------------------------------------------
 
 CHAT = [
@@ -225,7 +201,7 @@ def test_speculation_is_lossless_in_bf16_smollm(smollm_path):
         "ngram": NgramProposer,
     }
     assert_speculation_changes_nothing(
-        target, tokenizer, drafters, chat_prompts(tokenizer, CHAT), 24, {tokenizer.eos_token_id}
+        target, tokenizer, drafters, chat_prompts(tokenizer, CHAT), 20, {tokenizer.eos_token_id}
     )
 
 
