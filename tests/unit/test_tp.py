@@ -17,6 +17,7 @@ import torch
 
 from specdec.core.lockstep import GroupFailure
 from specdec.core.models import load_model
+from specdec.core.runner import ModelRunner
 from specdec.core.tp import TPError, check_shardable, plan_shard
 from specdec.core.tp_group import GroupSpec, LocalGroup
 
@@ -177,3 +178,28 @@ def test_a_hung_rank_is_found_by_the_timeout(tiny_paths):
         for p in group.procs:
             p.kill()
         group.close()
+
+
+def test_a_tensor_parallel_group_runs_each_forward_in_the_mode_asked(tiny_paths):
+    """Rank 0 tells the other ranks which forward to run (the two pad their GEMMs differently: mixed
+    modes would all-reduce tensors of other sizes), and two ranks stay row-invariant (a sum of two
+    partial results is the same in either order)."""
+    path = str(tiny_paths["qwen2"])
+    spec = GroupSpec(path, 2, dtype="bfloat16", num_slots=3, max_len=64, lm_head="split")
+    model = load_model(path, dtype="bfloat16").model
+    seq = torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(2))[:20].tolist()
+    ref = ModelRunner(model, num_slots=1, max_len=64)
+    want = ref.forward([ref.alloc_slot()], [seq], 20, invariant=False)[0]
+    with LocalGroup(spec, threads=1) as group:
+        tp = group.start(spec.build_runner(model))
+        a, b, c = (tp.alloc_slot() for _ in range(3))
+        fast = tp.forward([c], [seq], 20, invariant=False)[0]
+        assert (fast - want).abs().max().item() < 0.05 * want.abs().max().item()
+        decoded = torch.cat([tp.forward([a], [[t]], invariant=True)[0] for t in seq])
+        verified = torch.cat(
+            [
+                tp.forward([b], [seq[:7]], 7, invariant=True)[0],
+                tp.forward([b, c], [seq[7:], [1, 2]], [13, 2], invariant=True)[0],
+            ]
+        )
+        assert torch.equal(verified, decoded)
