@@ -13,6 +13,7 @@ Forward timing is :func:`specdec.bench.runner.forward_times`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 import time
@@ -49,11 +50,21 @@ class ProfileOptions:
 
 
 class _Budget:
+    """The time left, shared out between the parts: each part may use its share of what is left
+    when it starts (and always gets its first measurement while any time is left), so a slow
+    machine yields a coarser profile of every part rather than a fine grid and nothing else."""
+
     def __init__(self, seconds: float, progress: Callable[[str], None]):
         self.t0 = time.monotonic()
         self.seconds = seconds
         self.progress = progress
         self.skipped: list[str] = []
+        self.part_end = math.inf
+        self.first = True
+
+    def part(self, share: float) -> None:
+        self.part_end = time.monotonic() + share * max(self.left(), 0.0)
+        self.first = True
 
     @property
     def elapsed(self) -> float:
@@ -63,7 +74,9 @@ class _Budget:
         return self.seconds - self.elapsed
 
     def allow(self, part: str, estimate_s: float = 0.0) -> bool:
-        if self.left() > estimate_s:
+        in_part = self.first or time.monotonic() + estimate_s < self.part_end
+        if self.left() > estimate_s and in_part:
+            self.first = False
             self.progress(f"[{self.elapsed:6.1f} s] {part}")
             return True
         self.progress(f"[{self.elapsed:6.1f} s] skipped (budget): {part}")
@@ -303,21 +316,26 @@ def take_profile(
     slots = max(opts.batches)
     with torch.inference_mode():
         t_runner = ModelRunner(tgt.model, num_slots=slots, max_len=max_len)
+        model_draft = dft is not None and "draft" in opts.drafters
+        budget.part(0.25 if model_draft else 0.4)
         t_grid = _grid(t_runner, opts, opts.tokens, budget, "target")
+        budget.part(0.15)
         t_prefill = _prefill_curve(t_runner, opts, budget, "target")
         if t_grid is None or t_prefill is None:
             raise RuntimeError(f"the budget of {opts.budget_s:.0f} s did not cover the target's forwards")
         d_runner = d_grid = d_prefill = d_propose = None
         if dft is not None:
             d_runner = make_draft_runner(dft, slots, max_len)
+            budget.part(0.1)
             d_grid = _grid(d_runner, opts, opts.draft_tokens, budget, "draft")
+            budget.part(0.1)
             d_prefill = _prefill_curve(d_runner, opts, budget, "draft")
+            budget.part(0.25)
             d_propose = _propose_grid(d_runner, prompt_ids, opts, budget)
         drafters: dict[str, DrafterStats] = {}
         eos = tgt.eos_token_ids
-        for name in opts.drafters:
-            if name == "draft" and (d_runner is None or d_grid is None):
-                continue
+        runs = [n for n in opts.drafters if n != "draft" or (d_runner is not None and d_grid is not None)]
+        for i, name in enumerate(runs):
 
             def factory(name=name):
                 inner = model_drafter_on(d_runner) if name == "draft" else NgramProposer()
@@ -325,6 +343,7 @@ def take_profile(
                 runner = ModelRunner(tgt.model, num_slots=1, max_len=max_len)
                 return SpecEngine(runner, tgt.tokenizer, rec, k_policy=opts.k_policy, eos_token_ids=eos), rec
 
+            budget.part(1.0 / (len(runs) - i))  # the drafters share what is left
             drafters[name] = _acceptance(factory, name, prompts, tgt.tokenizer, opts, budget)
     machine["load_avg_1m_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else 0.0
     return Profile(
