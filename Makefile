@@ -4,10 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 TARGET ?= qwen2.5-coder-1.5b-instruct
 DRAFT ?= qwen2.5-coder-0.5b-instruct
-export RAY_AUTH_MODE := disabled
+# Ray's token auth on (tests generate a token per session; `specdec serve` one per start).
+export RAY_AUTH_MODE := token
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install dev serve test lint bench clean-venv
+.PHONY: install dev sysdeps serve test lint bench clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +36,20 @@ lint: dev
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-test: lint
+# tests/e2e/test_ray_up.py runs sshd, rsync and ip (it skips, saying why, without them or without root).
+# As root, apt-get installs what is missing, once; the ssh service the package enables is turned off
+# again (the test starts its own sshd in a private network namespace).
+sysdeps:
+	@pkgs=""; [ -x /usr/sbin/sshd ] || pkgs=" openssh-server"; command -v rsync >/dev/null || pkgs="$$pkgs rsync"; \
+	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
+	if [ -n "$$pkgs" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "apt-get install$$pkgs (for tests/e2e/test_ray_up.py)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$pkgs >/dev/null; \
+		if echo "$$pkgs" | grep -q openssh-server && command -v systemctl >/dev/null; then \
+			systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true; fi; \
+	fi
+
+test: lint sysdeps
 	$(BIN)/specdec models prepare smollm2-135m-instruct
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 

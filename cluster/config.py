@@ -3,14 +3,16 @@
 YAML (see ``configs/default.yaml``)::
 
     ray:      {address: null | "auto" | "host:port", namespace, num_cpus, resources}
-    target:   {model, name, tokenizer, replicas, dtype, device, num_slots, max_len, threads, placement, ...}
+    target:   {model, name, tokenizer, replicas, tensor_parallel, dtype, device, num_slots, max_len, threads,
+               placement, ...}
     draft:    {model | "ngram", replicas, dtype, ..., placement}   # or null: no draft pool
     router:   router.config.RouterConfig fields (host, port, metrics_port, k_policy, ...)
+    security: specdec.rpc.api_security.SecurityConfig fields (TLS, bearer tokens, worker secret)
 
 ``ray.address`` null starts an embedded local Ray cluster in the serving process (logical CPUs
 and the custom resources ``draft_gpu`` / ``target_gpu`` sized for the pools); "auto" joins the
 running cluster (``ray up`` / ``ray start``). Worker keys other than replicas / placement / name /
-tokenizer go to :class:`specdec.rpc.worker_config.WorkerConfig`.
+tokenizer / tensor_parallel / tp_timeout_s go to :class:`specdec.rpc.worker_config.WorkerConfig`.
 
 Torch-free and Ray-free: the CLI parses and validates a config before starting anything.
 """
@@ -27,13 +29,16 @@ from typing import Any
 import yaml
 
 from router.config import RouterConfig
+from specdec.rpc.api_security import SecurityConfig
 from specdec.rpc.worker_config import WorkerConfig, strict_from_dict
 
 __all__ = ["PoolConfig", "RayConfig", "ServeConfig", "load_config", "DEFAULT_CONFIG", "default_threads"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
-_POOL_KEYS = {"replicas", "placement", "name", "tokenizer"}
+# Target keys a draft pool made from the target section (``--draft`` without one) does not copy.
+_DRAFT_SKIPS = ("name", "tokenizer", "placement", "threads", "replicas", "tensor_parallel", "tp_timeout_s")
+_POOL_KEYS = {"replicas", "placement", "name", "tokenizer", "tensor_parallel", "tp_timeout_s"}
 
 
 def default_threads(role: str, cores: int | None = None, pipelined: bool = False) -> int:
@@ -62,11 +67,20 @@ class PoolConfig:
     replicas: int = 1
     placement: dict | None = None
     name: str | None = None  # the model name clients use (default: worker.model)
-    tokenizer: str | None = None  # target only: where tokenizer.json is (default: worker.model)
+    tokenizer: str | None = None  # target only: a local tokenizer.json folder (default: the worker sends it)
+    # Target only: ranks per worker (one placement-group bundle each, all on one node); they split
+    # the worker's threads. A collective waiting longer than tp_timeout_s restarts the group.
+    tensor_parallel: int = 1
+    tp_timeout_s: float = 60.0
 
     @property
     def model_name(self) -> str:
         return self.name or self.worker.model
+
+    @property
+    def actors(self) -> int:
+        """Worker processes the pool runs (each takes one bundle of ``placement``)."""
+        return self.replicas * self.tensor_parallel
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], role: str, pipelined: bool = False) -> PoolConfig:
@@ -85,17 +99,29 @@ class PoolConfig:
             raise ValueError(f"{role}.replicas must be an integer >= 1 (got {replicas!r})")
         if role == "target" and worker.model.lower() == "ngram":
             raise ValueError("target.model: a target needs a model, not 'ngram'")
+        tp = pool.get("tensor_parallel", 1)
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"{role}.tensor_parallel must be an integer >= 1 (got {tp!r})")
+        if role != "target" and tp != 1:
+            raise ValueError(f"{role}.tensor_parallel: only the target pool is tensor-parallel (drafters run at 1)")
+        timeout = pool.get("tp_timeout_s", 60.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError(f"{role}.tp_timeout_s must be a number of seconds > 0 (got {timeout!r})")
         return cls(
             worker=worker,
             replicas=replicas,
             placement=pool.get("placement"),
             name=pool.get("name"),
             tokenizer=pool.get("tokenizer"),
+            tensor_parallel=tp,
+            tp_timeout_s=float(timeout),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out = self.worker.to_dict()
         out.update(replicas=self.replicas, placement=self.placement, name=self.name, tokenizer=self.tokenizer)
+        if self.tensor_parallel != 1:
+            out.update(tensor_parallel=self.tensor_parallel, tp_timeout_s=self.tp_timeout_s)
         return out
 
 
@@ -122,23 +148,39 @@ class ServeConfig:
     draft: PoolConfig | None
     router: RouterConfig = field(default_factory=RouterConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ServeConfig:
         d = copy.deepcopy(d or {})
-        unknown = sorted(set(d) - {"target", "draft", "router", "ray"})
+        unknown = sorted(set(d) - {"target", "draft", "router", "ray", "security"})
         if unknown:
-            raise ValueError(f"config: unknown sections {unknown} (known: ray, target, draft, router)")
+            raise ValueError(f"config: unknown sections {unknown} (known: ray, target, draft, router, security)")
         if not d.get("target"):
             raise ValueError("config: a 'target' section with a model is required")
         router = RouterConfig.from_dict(d.get("router") or {})
         pipelined = router.predraft or router.micro_batches > 1  # drafting overlaps the verify
-        target = PoolConfig.from_dict(d["target"], "target", pipelined)
         draft_d = d.get("draft")
-        draft = None
-        if draft_d and str(draft_d.get("model", "")).lower() not in ("", "none", "off"):
-            draft = PoolConfig.from_dict(draft_d, "draft", pipelined)
-        return cls(target=target, draft=draft, router=router, ray=RayConfig.from_dict(d.get("ray")))
+        has_draft = bool(draft_d) and str(draft_d.get("model", "")).lower() not in ("", "none", "off")
+        for section in [d["target"]] + ([draft_d] if has_draft else []):
+            # the workers refuse drafts longer than any the router asks for
+            if section.get("max_k") is None:
+                section["max_k"] = router.k_policy.k_max
+        target = PoolConfig.from_dict(d["target"], "target", pipelined)
+        draft = PoolConfig.from_dict(draft_d, "draft", pipelined) if has_draft else None
+        for role, pool in (("target", target), ("draft", draft)):
+            if pool is not None and pool.worker.max_k < router.k_policy.k_max:
+                raise ValueError(
+                    f"{role}.max_k ({pool.worker.max_k}) is below router.k_policy.k_max ({router.k_policy.k_max}): "
+                    "the workers would refuse the router's own drafts"
+                )
+        return cls(
+            target=target,
+            draft=draft,
+            router=router,
+            ray=RayConfig.from_dict(d.get("ray")),
+            security=SecurityConfig.from_dict(d.get("security")),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -146,6 +188,7 @@ class ServeConfig:
             "target": self.target.to_dict(),
             "draft": self.draft.to_dict() if self.draft else None,
             "router": self.router.to_dict() | {"k_policy": dataclasses.asdict(self.router.k_policy)},
+            "security": self.security.to_dict(),
         }
 
 
@@ -164,11 +207,14 @@ def load_config(
     port: int | None = None,
     metrics_port: int | None = None,
     address: str | None = None,
+    tensor_parallel: int | None = None,
+    security: dict[str, Any] | None = None,
 ) -> ServeConfig:
     """Read the YAML (default ``configs/default.yaml``) and apply command-line overrides.
 
     ``draft`` "none" removes the draft pool (the router can still draft with n-grams); ``dtype``
-    applies to both pools; ``address`` sets ``ray.address``.
+    applies to both pools; ``address`` sets ``ray.address``; ``tensor_parallel`` the target's ranks;
+    ``security`` keys replace the section's.
     """
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
@@ -189,20 +235,20 @@ def load_config(
             raw["draft"] = None
         else:
             if not raw.get("draft"):  # no draft pool in the file: size it like the target
-                raw["draft"] = {
-                    k: v
-                    for k, v in raw["target"].items()
-                    if k not in ("name", "tokenizer", "placement", "threads", "replicas")
-                }
+                raw["draft"] = {k: v for k, v in raw["target"].items() if k not in _DRAFT_SKIPS}
             _set_model(raw["draft"], draft)
     if dtype is not None:
         for section in ("target", "draft"):
             if raw.get(section):
                 raw[section]["dtype"] = dtype
+    if tensor_parallel is not None:
+        raw["target"]["tensor_parallel"] = tensor_parallel
     if port is not None:
         raw["router"]["port"] = port
     if metrics_port is not None:
         raw["router"]["metrics_port"] = None if metrics_port < 0 else metrics_port
     if address is not None:
         raw["ray"]["address"] = None if address in ("", "local", "embedded") else address
+    if security:
+        raw["security"] = {**(raw.get("security") or {}), **security}
     return ServeConfig.from_dict(raw)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import threading
 import time
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.config import PoolConfig, ServeConfig
+from cluster.local_ray import check_loopback, pin_loopback_node
+from cluster.placement import check_tensor_parallel, embedded_node
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,7 @@ class Deployment:
     targets: list = field(default_factory=list)
     drafts: list = field(default_factory=list)
     started_ray: bool = False
+    actuator: Any = None  # cluster.pool_actuator.RayPoolActuator when router.scaling is on
 
     @property
     def address(self) -> str:
@@ -48,6 +52,8 @@ class Deployment:
 
         if self.router is not None:
             self.router.stop(grace)
+        if self.actuator is not None:
+            self.actuator.stop()  # replicas the autoscaler added, and the resource request
         for h in self.targets + self.drafts:
             try:
                 ray.kill(h, no_restart=True)
@@ -69,51 +75,69 @@ def check_models(cfg: ServeConfig) -> None:
         packs.resolve_pack(cfg.target.tokenizer)
 
 
-def _default_resources(cfg: ServeConfig) -> dict[str, float]:
-    res: dict[str, float] = {}
-    for pool, default_key in ((cfg.target, "target_gpu"), (cfg.draft, "draft_gpu")):
-        if pool is None:
-            continue
-        wanted = (pool.placement or {}).get("resources") or {default_key: 1}
-        for key, amount in wanted.items():
-            res[key] = res.get(key, 0) + float(amount) * pool.replicas
-    return res
-
-
 def start_ray(cfg: ServeConfig) -> bool:
     """Start an embedded local cluster or join ``cfg.ray.address``; True if we started one."""
+    rc = cfg.ray
+    if not rc.address:
+        # A private cluster: Ray's own token auth on (a fresh token per start unless one is given), on
+        # the loopback address; RAY_AUTH_MODE=disabled in the environment turns the auth off. Set
+        # before Ray is imported: Ray reads the mode once, at import.
+        if os.environ.setdefault("RAY_AUTH_MODE", "token") == "token":
+            os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        else:
+            log.warning(
+                "RAY_AUTH_MODE=%s: the embedded Ray cluster accepts unauthenticated calls", os.environ["RAY_AUTH_MODE"]
+            )
     import ray
 
-    rc = cfg.ray
     if ray.is_initialized():
         return False
     if rc.address:
         log.info("joining the Ray cluster at %s", rc.address)
         ray.init(address=rc.address, namespace=rc.namespace)
         return False
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, in-process cluster
-    workers = cfg.target.replicas + (cfg.draft.replicas if cfg.draft else 0)
-    num_cpus = rc.num_cpus or max(os.cpu_count() or 1, workers)
-    resources = dict(rc.resources) if rc.resources else _default_resources(cfg)
+    num_cpus, resources = embedded_node(cfg)
     log.info("starting an embedded Ray cluster: %d logical CPUs, resources %s", num_cpus, resources)
     system = {"worker_niceness": rc.worker_niceness} if rc.worker_niceness is not None else None
+    pin_loopback_node()  # every Ray process binds 127.0.0.1 (cluster/local_ray.py)
     ray.init(
         address="local",
         num_cpus=num_cpus,
         resources=resources,
         namespace=rc.namespace,
         include_dashboard=rc.include_dashboard,
+        _node_ip_address="127.0.0.1",
         _system_config=system,
     )
+    check_loopback()
     return True
 
 
 def _spawn(pool: PoolConfig, role: str) -> list:
+    if role == "target" and pool.tensor_parallel > 1:
+        from target_worker.group import spawn_target_group
+
+        return [
+            spawn_target_group(pool.worker.to_dict(), pool.tensor_parallel, pool.placement, timeout_s=pool.tp_timeout_s)
+            for _ in range(pool.replicas)
+        ]
     if role == "target":
         from target_worker.actor import spawn_target_worker as spawn
     else:
         from draft_worker.actor import spawn_draft_worker as spawn
     return [spawn(pool.worker.to_dict(), pool.placement) for _ in range(pool.replicas)]
+
+
+def _known_nodes(cfg: ServeConfig) -> list[dict[str, float]] | None:
+    """Total resources per node: the running cluster's, the embedded one's to be, or None (not joined yet)."""
+    import ray
+
+    if ray.is_initialized():
+        return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    if cfg.ray.address is None:
+        num_cpus, resources = embedded_node(cfg)
+        return [{"CPU": float(num_cpus), "memory": float("inf"), **resources}]
+    return None
 
 
 def _wait_ready(handles: list, role: str, timeout: float) -> list[str]:
@@ -135,11 +159,18 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
     """Start everything; returns once the router serves. The caller stops it (``Deployment.stop``)."""
     from router.server import RouterThread, TargetBinding
     from router.workers import ActorEndpoint
+    from specdec.rpc.worker_secret import ensure_secret
 
     check_models(cfg)
+    nodes = _known_nodes(cfg)
+    check_tensor_parallel(cfg, nodes)  # bad values fail here, before Ray or any worker starts
+    cfg.security.check_files()
+    ensure_secret(cfg.security.worker_secret_file)  # before Ray starts: its processes inherit it
     started = start_ray(cfg)
     dep = Deployment(config=cfg, router=None, started_ray=started)
     try:
+        if nodes is None:  # joined a cluster: now its nodes are known
+            check_tensor_parallel(cfg, _known_nodes(cfg))
         t0 = time.monotonic()
         dep.targets = _spawn(cfg.target, "target")
         dep.drafts = _spawn(cfg.draft, "draft") if cfg.draft else []
@@ -158,10 +189,18 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
                     target=ActorEndpoint(t, name=f"target-{i}"),
                     draft=ActorEndpoint(d, name=f"draft-{i % len(dep.drafts)}") if d is not None else None,
                     draft_model=cfg.draft.model_name if cfg.draft else None,
-                    tokenizer=cfg.target.tokenizer or cfg.target.worker.model,
+                    tokenizer=cfg.target.tokenizer,  # None: the target worker sends it (GetTokenizer)
                 )
             )
-        dep.router = RouterThread(bindings, cfg.router).start(connect_timeout)
+        if cfg.router.scaling.enabled:
+            from cluster.pool_actuator import RayPoolActuator
+
+            initial = {f"target-{i}": ("target", h) for i, h in enumerate(dep.targets)}
+            initial.update({f"draft-{i}": ("draft", h) for i, h in enumerate(dep.drafts)})
+            dep.actuator = RayPoolActuator(cfg, initial)
+        dep.router = RouterThread(bindings, cfg.router, actuator=dep.actuator, security=cfg.security).start(
+            connect_timeout
+        )
     except BaseException:
         dep.stop(grace=0)
         raise

@@ -22,6 +22,7 @@ import logging
 
 from specdec.rpc.worker_config import WorkerConfig
 from specdec.rpc.worker_host import WorkerHost, actor_options
+from specdec.rpc.worker_secret import current_secret
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,17 @@ class DraftWorker(WorkerHost):
 
     role = "draft"
 
-    def __init__(self, config: dict | WorkerConfig):
+    def __init__(self, config: dict | WorkerConfig, secret: str | None = None):
         from draft_worker.servicer import SERVICE_NAME, build_draft_servicer
         from specdec.rpc import worker_pb2_grpc
 
         cfg = WorkerConfig.from_dict(config)
         self.servicer = build_draft_servicer(cfg)
         super().__init__(
-            cfg, [(worker_pb2_grpc.add_DraftServiceServicer_to_server, self.servicer, SERVICE_NAME)], self.servicer
+            cfg,
+            [(worker_pb2_grpc.add_DraftServiceServicer_to_server, self.servicer, SERVICE_NAME)],
+            self.servicer,
+            secret=secret,
         )
 
 
@@ -61,4 +65,5 @@ def spawn_draft_worker(
     opts = actor_options(
         placement, DEFAULT_RESOURCES, name=name, max_restarts=max_restarts, max_task_retries=max_task_retries
     )
-    return ray.remote(DraftWorker).options(**opts).remote(cfg.to_dict())
+    # the worker secret goes as an argument: a runtime_env's env_vars end up in Ray's log files
+    return ray.remote(DraftWorker).options(**opts).remote(cfg.to_dict(), current_secret())

@@ -2,7 +2,9 @@
 
 A thin shell over :class:`specdec.core.drafters.ModelDrafter` (a draft model on the runner) or
 :class:`specdec.core.drafters.NgramProposer` (model "ngram": no model, no KV slots). Messages are
-validated before the drafter runs; one lock serialises the model. The drafter keeps its caches by
+validated before the drafter runs (a ``k`` above ``max_k``, which no router round asks for, is
+INVALID_ARGUMENT; sequences beyond the free slots or the context get empty drafts and cost no
+forward); one lock serialises the model. The drafter keeps its caches by
 request id and rebuilds them from the committed tokens in every call. When it has no free slot it
 proposes nothing for that sequence (an empty draft: the round verifies with k = 0).
 """
@@ -15,9 +17,11 @@ from collections.abc import Iterable
 
 from specdec.core.drafters import Drafter, DraftInput, ModelDrafter, propose_within_k
 from specdec.core.params import InvalidParams
+from specdec.core.tokenizer_spec import vocab_fingerprint
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import draft_to_proto, sequence_from_proto
 from specdec.rpc.errors import rpc_method
+from specdec.rpc.telemetry import WorkerMeter
 from specdec.rpc.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -42,13 +46,18 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
         max_context: int,
         num_slots: int,
         eos_token_ids: Iterable[int] = (),
+        tokenizer_fingerprint: str = "",
+        max_k: int = 16,
     ):
         self.drafter = drafter
+        self.tokenizer_fingerprint = tokenizer_fingerprint  # empty: no tokenizer (n-gram)
+        self.max_k = max_k
         self.runner = getattr(drafter, "runner", None)
         self.model_name, self.dtype, self.device = model_name, dtype, device
         self.vocab_size, self.max_context, self.num_slots = vocab_size, max_context, num_slots
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
         self.lock = threading.Lock()
+        self.meter = WorkerMeter()  # busy time and telemetry (specdec.rpc.worker_host sets it up)
 
     @property
     def free_slots(self) -> int:
@@ -69,9 +78,13 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
             "num_slots": self.num_slots,
             "free_slots": self.free_slots,
             "eos_token_ids": list(self.eos_token_ids),
+            "tokenizer_fingerprint": self.tokenizer_fingerprint,
         }
 
     def _sequences(self, protos) -> list:
+        for s in protos:
+            if s.k > self.max_k:
+                raise InvalidParams("sequences.k", f"k = {s.k}; this worker drafts at most {self.max_k} tokens")
         seqs = [sequence_from_proto(s, self.vocab_size, "sequences") for s in protos]
         seen: set[str] = set()
         for s in seqs:
@@ -93,7 +106,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
         if not seqs:
             return worker_pb2.ProposeResponse()
         inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, s.k) for s in seqs]
-        with self.lock:
+        with self.lock, self.meter.compute(steps=max(i.k for i in inputs)):
             drafts = propose_within_k(self.drafter, inputs)
         return worker_pb2.ProposeResponse(drafts=[draft_to_proto(i.request_id, d) for i, d in zip(inputs, drafts)])
 
@@ -101,7 +114,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
     def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
         seqs = self._sequences(request.sequences)
         inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, 0) for s in seqs]
-        with self.lock:
+        with self.lock, self.meter.compute(steps=0):
             self.drafter.prefill(inputs)
             cached = [self._cached(s.request_id) for s in seqs]
         return worker_pb2.PrefillResponse(
@@ -120,7 +133,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
 
     @rpc_method
     def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:
-        return worker_pb2.WorkerInfo(**self.info_dict())
+        return worker_pb2.WorkerInfo(**self.info_dict(), telemetry=self.meter.telemetry())
 
 
 def build_draft_servicer(config: WorkerConfig | dict) -> DraftServicer:
@@ -138,6 +151,7 @@ def build_draft_servicer(config: WorkerConfig | dict) -> DraftServicer:
             vocab_size=None,
             max_context=cfg.max_len,
             num_slots=cfg.num_slots,
+            max_k=cfg.max_k,
         )
     import torch
 
@@ -170,4 +184,6 @@ def build_draft_servicer(config: WorkerConfig | dict) -> DraftServicer:
         max_context=cfg.max_len,
         num_slots=cfg.num_slots,
         eos_token_ids=loaded.eos_token_ids,
+        tokenizer_fingerprint=vocab_fingerprint(loaded.tokenizer.get_vocab()),
+        max_k=cfg.max_k,
     )

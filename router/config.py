@@ -10,8 +10,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.rebalance import RebalanceConfig
+from router.scaling import ScaleConfig
 from specdec.core.prefill_plan import DEFAULT_BUDGET, DEFAULT_CHUNK
 from specdec.core.request_state import KPolicy
+from specdec.rpc.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, ConnectionLimits
 from specdec.rpc.worker_config import strict_from_dict
 
 __all__ = ["RouterConfig", "kpolicy_from_dict"]
@@ -35,6 +38,8 @@ class RouterConfig:
     max_queue: requests waiting for a batch slot, per target worker; beyond it RESOURCE_EXHAUSTED.
     max_batch: requests decoded together per target worker (0 = the target's KV slots).
     default_max_tokens: used when a request leaves max_tokens at 0 (capped by the context).
+    max_prompt_bytes: the largest prompt text accepted, in UTF-8 bytes, checked before it is
+      tokenized; 0 = 32 bytes per token of the model's context (router.validate).
     k_policy: draft length: fixed k, or adaptive per request within [k_min, k_max] (the core's
       AdaptiveK); a request's own ``speculation.k`` is capped at ``k_policy.k_max``.
     default_mode: what SPECULATION_MODE_AUTO / UNSPECIFIED means: "draft" (the draft worker;
@@ -61,6 +66,20 @@ class RouterConfig:
     recovery_timeout_s: how long requests wait for a restarted target before UNAVAILABLE.
     ngram_max / ngram_min: window of the router's local n-gram drafter.
     grace_s: on shutdown, time given to running requests before they end as "cancelled".
+    rebalance: :class:`router.rebalance.RebalanceConfig` fields: the shared drafter pool, depth by
+      device load, speculation off by goodput, routing by load; ``enabled: false`` = static pairing.
+    scaling: :class:`router.scaling.ScaleConfig` fields: pool sizes (off unless ``enabled``).
+    max_inflight_per_client: Generation calls one client (its bearer token, else its address) may
+      have running at once; beyond it RESOURCE_EXHAUSTED with a RetryInfo (router.client_limit).
+      0 = no limit. Raise it when one backend fronts many users without tokens of their own.
+    max_message_bytes: the largest request (and reply) on the public port, in bytes.
+    keepalive_time_s / keepalive_timeout_s: the public server pings each connection this often
+      and drops it when a ping goes unanswered this long (a frozen or vanished client): its calls
+      are cancelled and their KV slots freed (specdec.rpc.grpc_options).
+    max_connection_idle_s: a connection without a call this long is closed (None: never).
+    max_connection_age_s / max_connection_age_grace_s: every connection is told to go away after
+      this long, and its running calls are cut after the grace (None: never): the bound on a call
+      whose client keeps the connection alive but never reads.
     """
 
     host: str = "127.0.0.1"
@@ -70,6 +89,7 @@ class RouterConfig:
     max_queue: int = 64
     max_batch: int = 0
     default_max_tokens: int = 256
+    max_prompt_bytes: int = 0
     k_policy: KPolicy = field(default_factory=lambda: KPolicy(k=4, adaptive=True, k_min=1, k_max=12))
     default_mode: str = "draft"
     auto_off_batch: int = 0
@@ -86,9 +106,20 @@ class RouterConfig:
     ngram_max: int = 3
     ngram_min: int = 1
     grace_s: float = 5.0
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
+    scaling: ScaleConfig = field(default_factory=ScaleConfig)
+    max_inflight_per_client: int = 32
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    keepalive_time_s: float = 30.0
+    keepalive_timeout_s: float = 10.0
+    max_connection_idle_s: float | None = 600.0
+    max_connection_age_s: float | None = 3600.0
+    max_connection_age_grace_s: float | None = 600.0
 
     def __post_init__(self) -> None:
         self.k_policy = kpolicy_from_dict(self.k_policy)
+        self.rebalance = RebalanceConfig.from_dict(self.rebalance)
+        self.scaling = ScaleConfig.from_dict(self.scaling)
         if self.default_mode not in ("draft", "ngram", "off"):
             raise ValueError(f"router.default_mode must be draft, ngram or off (got {self.default_mode!r})")
         if not isinstance(self.max_batched_tokens, int):
@@ -97,13 +128,22 @@ class RouterConfig:
             v = getattr(self, key)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"router.{key} must be an integer >= 1 (got {v!r})")
-        for key in ("max_batch", "auto_off_batch"):
+        for key in ("max_batch", "auto_off_batch", "max_prompt_bytes", "max_inflight_per_client"):
             v = getattr(self, key)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"router.{key} must be an integer >= 0 (got {v!r})")
         for key in ("draft_deadline_s", "rpc_timeout_s", "recovery_timeout_s", "draft_deadline_min_s"):
             if float(getattr(self, key)) <= 0:
                 raise ValueError(f"router.{key} must be > 0")
+        if not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
+            raise ValueError(f"router.max_message_bytes must be an integer >= 1024 (got {self.max_message_bytes!r})")
+        for key in ("keepalive_time_s", "keepalive_timeout_s"):
+            if float(getattr(self, key)) <= 0:
+                raise ValueError(f"router.{key} must be > 0")
+        for key in ("max_connection_idle_s", "max_connection_age_s", "max_connection_age_grace_s"):
+            v = getattr(self, key)
+            if v is not None and float(v) <= 0:
+                raise ValueError(f"router.{key} must be > 0, or null for no limit (got {v!r})")
         if float(self.draft_deadline_factor) < 0:
             raise ValueError("router.draft_deadline_factor must be >= 0 (0 = a fixed deadline)")
         if self.k_policy.k < 0 or self.k_policy.k_max < 0:
@@ -116,3 +156,15 @@ class RouterConfig:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         return out
+
+    def connection_limits(self) -> ConnectionLimits:
+        """What the public server allows each connection (specdec.rpc.grpc_options)."""
+        return ConnectionLimits(
+            max_message_bytes=self.max_message_bytes,
+            keepalive_time_s=self.keepalive_time_s,
+            keepalive_timeout_s=self.keepalive_timeout_s,
+            max_connection_idle_s=self.max_connection_idle_s,
+            max_connection_age_s=self.max_connection_age_s,
+            max_connection_age_grace_s=self.max_connection_age_grace_s,
+            max_concurrent_streams=max(100, 2 * self.max_inflight_per_client),
+        )

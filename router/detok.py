@@ -61,24 +61,39 @@ def _clean_up_tokenization(text: str) -> str:
 
 class Detokenizer:
     def __init__(self, model_dir: str | Path):
-        from tokenizers import Tokenizer
-
         self.model_dir = Path(model_dir)
         path = self.model_dir / "tokenizer.json"
         if not path.is_file():
             raise TokenizerNotFound(f"{path} does not exist")
-        self._tok = Tokenizer.from_file(str(path))
-        self._cleanup = False
+        cleanup = False
         cfg = self.model_dir / "tokenizer_config.json"
         if cfg.is_file():
             try:
-                self._cleanup = bool(json.loads(cfg.read_text()).get("clean_up_tokenization_spaces", False))
+                cleanup = bool(json.loads(cfg.read_text()).get("clean_up_tokenization_spaces", False))
             except (OSError, ValueError):
                 log.warning("could not read %s; no space clean-up", cfg)
+        self._load(path.read_text(encoding="utf-8"), cleanup)
+
+    def _load(self, tokenizer_json: str, cleanup: bool) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_str(tokenizer_json)
+        self._cleanup = cleanup
+
+    @classmethod
+    def from_json(cls, tokenizer_json: str, clean_up_tokenization_spaces: bool = False) -> Detokenizer:
+        """From a tokenizer.json's text (the target's GetTokenizer answer): no model files needed."""
+        self = cls.__new__(cls)
+        self.model_dir = None
+        self._load(tokenizer_json, clean_up_tokenization_spaces)
+        return self
 
     @classmethod
     def for_model(cls, spec: str | Path) -> Detokenizer:
         return cls(resolve_model_dir(spec))
+
+    def vocab(self) -> dict[str, int]:
+        return self._tok.get_vocab(with_added_tokens=True)
 
     @property
     def vocab_size(self) -> int:

@@ -6,6 +6,10 @@ the guess that all of round r's draft is accepted and the target's bonus token i
 next token; the pre-draft is used when the guess proves right and discarded otherwise (PEARL-style).
 Drafts have a deadline (:meth:`DraftSource.deadline`); a Propose that missed it is let finish (it
 builds the drafter's cache) while the next rounds fail open instead of queueing behind it.
+
+The draft workers are one pool shared by every target (:class:`router.drafter_pool.DrafterPool`):
+each request drafts on the drafter the pool assigns it, and a round's requests on different
+drafters are drafted there concurrently.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from typing import Any
 import grpc
 
 from router.config import RouterConfig
+from router.drafter_pool import DrafterPool
 from router.jobs import Job, PreDraft
 from router.metrics import Metrics
 from router.policy import draft_deadline, predraft_k
-from router.workers import WorkerClient, WorkerUnavailable
+from router.workers import WorkerUnavailable
 from specdec.core.ngram import NgramDrafter
 from specdec.core.params import VerifyMode
 from specdec.core.round_types import Draft
@@ -35,26 +40,35 @@ __all__ = ["DraftSource"]
 
 
 class DraftSource:
-    """Drafts for one target scheduler's rounds."""
+    """Drafts for one target scheduler's rounds, from the shared pool (``home``: this target's own
+    drafter, the only one it uses when the rebalancer is off)."""
 
     def __init__(
         self,
-        draft: WorkerClient | None,
+        pool: DrafterPool | None,
+        home: str | None,
         config: RouterConfig,
         metrics: Metrics,
         vocab_size: int,
         max_context: int,
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
     ):
-        self.draft = draft
+        self.pool = pool
+        self.home = home
         self.cfg = config
         self.metrics = metrics
         self.vocab_size = vocab_size
         self.max_context = max_context
         self.spawn = spawn
         self.ngram = NgramDrafter(max_ngram=config.ngram_max, min_ngram=config.ngram_min)
-        self._late: asyncio.Task | None = None  # a Propose that missed its deadline, still running
         self.verify_ema: float | None = None  # recent Verify wall time (s), for the draft deadline
+
+    @property
+    def available(self) -> bool:
+        """Whether requests may ask for the draft model here."""
+        if self.pool is None or not len(self.pool):
+            return False
+        return self.cfg.rebalance.enabled or self.pool.client(self.home) is not None
 
     def observe_verify(self, seconds: float) -> None:
         self.verify_ema = seconds if self.verify_ema is None else 0.8 * self.verify_ema + 0.2 * seconds
@@ -63,17 +77,18 @@ class DraftSource:
         job.state.stats.fail_open_rounds += 1
         self.metrics.fail_open.labels(reason).inc()
 
-    async def propose(self, seqs: list[worker_pb2.Sequence], started: list | None = None) -> list[worker_pb2.Draft]:
-        assert self.draft is not None
-        async with self.draft.lock:
-            if started is not None:
-                started.append(True)  # the call reaches the worker now (before: only queued here)
-            resp = await self.draft.call(
-                "Propose", worker_pb2.ProposeRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
-            )
-        if len(resp.drafts) != len(seqs):
-            raise WorkerUnavailable(f"draft worker answered {len(resp.drafts)} drafts for {len(seqs)} sequences")
-        return list(resp.drafts)
+    def _assign(self, job: Job, pd: PreDraft | None = None) -> str | None:
+        assert self.pool is not None
+        name = self.pool.assign(job, self.home)
+        if job.moved_from is not None:  # free the slot it left (again at the end: a late call may re-create it)
+            self.spawn(self._release_on(job.moved_from, [job.key], pd or job.predraft))
+        return name
+
+    async def propose(
+        self, name: str, seqs: list[worker_pb2.Sequence], started: list | None = None
+    ) -> list[worker_pb2.Draft]:
+        assert self.pool is not None
+        return await self.pool.propose(name, seqs, started)
 
     def decode_draft(self, m: worker_pb2.Draft, k: int, offset: int = 0) -> Draft | None:
         try:
@@ -87,7 +102,7 @@ class DraftSource:
 
     async def drafts(self, batch: list[Job], ks: list[int]) -> tuple[list[Draft], float]:
         drafts = [Draft(tokens=[]) for _ in batch]
-        remote: list[int] = []  # indices needing a Propose
+        remote: dict[str, list[int]] = {}  # drafter -> indices needing a Propose there
         pending: list[tuple[int, PreDraft]] = []  # indices with a pre-draft that may still be right
         for i, (job, k) in enumerate(zip(batch, ks)):
             pd, job.predraft = job.predraft, None
@@ -99,28 +114,34 @@ class DraftSource:
                     d.probs = None
                 drafts[i] = d
             elif job.spec == "draft":
-                if self.draft is None or not self.draft.up:
+                name = self._assign(job, pd) if self.pool is not None else None
+                if name is None:
                     self.fail_open(job, "unavailable")
                     continue
                 toks = job.state.tokens
-                if pd is not None and len(toks) == pd.base + 1 and toks[pd.base - len(pd.draft) : pd.base] == pd.draft:
+                if (
+                    pd is not None
+                    and pd.drafter == name
+                    and len(toks) == pd.base + 1
+                    and toks[pd.base - len(pd.draft) : pd.base] == pd.draft
+                ):
                     pending.append((i, pd))
                 else:
                     if pd is not None:
                         self.metrics.predraft.labels("miss").inc()
-                    remote.append(i)
+                    remote.setdefault(name, []).append(i)
         if not remote and not pending:
             return drafts, 0.0
         t0 = time.monotonic()
         t_end = t0 + self.deadline(max(ks))
-        # Pre-drafts first: they are already running on the drafter.
+        # Pre-drafts first: they are already running on their drafters.
         for i, pd in pending:
             job, k = batch[i], ks[i]
             try:
                 res = await asyncio.wait_for(asyncio.shield(pd.task), max(0.0, t_end - time.monotonic()))
                 d = self.decode_draft(res[pd.index], k + 1)
             except TimeoutError:
-                self._late = pd.task
+                self.pool.set_late(pd.drafter, pd.task)
                 d = None
             except (WorkerUnavailable, grpc.aio.AioRpcError):
                 d = None
@@ -129,41 +150,50 @@ class DraftSource:
                 self.metrics.predraft.labels("hit").inc()
             else:
                 self.metrics.predraft.labels("miss").inc()
-                remote.append(i)
-        if remote:
-            seqs = [
-                sequence_to_proto(batch[i].key, batch[i].state.tokens, batch[i].params, batch[i].mode, ks[i])
-                for i in remote
-            ]
-            reason = None
-            if self._late is not None and not self._late.done():
-                # The drafter is still computing a draft that came too late; a new Propose would
-                # queue behind it. Fail open now, speculate again once it has caught up.
-                reason = "deadline"
-            else:
-                started: list = []
-                task = self.spawn(self.propose(seqs, started))
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
-                try:
-                    res = await asyncio.wait_for(asyncio.shield(task), max(0.0, t_end - time.monotonic()))
-                except TimeoutError:
-                    reason = "deadline"
-                    if started:
-                        self._late = task  # let it finish (it builds the drafter's cache), results unused
-                    else:
-                        task.cancel()  # still queued behind another draft: never send it
-                except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:
-                    log.info("draft worker failed, failing open: %s", exc)
-                    reason = "unavailable"
-            for i in remote:
-                batch[i].used_draft = True  # the drafter may hold a cache slot for it now
-            for n, i in enumerate(remote):
+                remote.setdefault(pd.drafter, []).append(i)
+        calls = [self._call(name, idx, batch, ks) for name, idx in remote.items()]
+        results = await asyncio.gather(*(self._await(c, t_end) for c in calls))
+        for (_, idx, _, _), (res, reason) in zip(calls, results):
+            for n, i in enumerate(idx):
                 d = self.decode_draft(res[n], ks[i]) if reason is None else None
                 if d is None:
                     self.fail_open(batch[i], reason or "unavailable")
                 else:
                     drafts[i] = d
         return drafts, time.monotonic() - t0
+
+    def _call(self, name: str, idx: list[int], batch: list[Job], ks: list[int]):
+        """Start one Propose on ``name`` for ``idx`` (or not, when it is busy with a late one)."""
+        for i in idx:
+            batch[i].drafters.add(name)  # the drafter may hold a cache slot for it now
+        if self.pool.is_late(name):
+            # The drafter is still computing a draft that came too late; a new Propose would queue
+            # behind it. Fail open now, speculate again once it has caught up.
+            return name, idx, None, []
+        seqs = [
+            sequence_to_proto(batch[i].key, batch[i].state.tokens, batch[i].params, batch[i].mode, ks[i]) for i in idx
+        ]
+        started: list = []
+        task = self.spawn(self.propose(name, seqs, started))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
+        return name, idx, task, started
+
+    async def _await(self, call, t_end: float) -> tuple[list | None, str | None]:
+        """(drafts, None) or (None, fail-open reason) for one started call."""
+        name, _, task, started = call
+        if task is None:
+            return None, "deadline"
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), max(0.0, t_end - time.monotonic())), None
+        except TimeoutError:
+            if started:
+                self.pool.set_late(name, task)  # let it finish (it builds the drafter's cache), results unused
+            else:
+                task.cancel()  # still queued behind another draft: never send it
+            return None, "deadline"
+        except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:
+            log.info("draft worker %s failed, failing open: %s", name, exc)
+            return None, "unavailable"
 
     def deadline(self, k: int) -> float:
         """How long a round waits for its drafts: ``draft_deadline_factor`` x (k + 1) recent verify
@@ -172,14 +202,22 @@ class DraftSource:
         return draft_deadline(self.cfg, self.verify_ema, k)
 
     def launch_predraft(
-        self, batch: list[Job], ks: list[int], drafts: list[Draft], policy_k: Callable[[Job], int]
+        self,
+        batch: list[Job],
+        ks: list[int],
+        drafts: list[Draft],
+        policy_k: Callable[[Job], int],
+        enabled: bool,
     ) -> None:
         """Draft round r+1 on the all-accepted guess while the target verifies round r."""
-        if not self.cfg.predraft or self.draft is None or not self.draft.up:
+        if not enabled or self.pool is None:
             return
-        idx, seqs = [], []
+        groups: dict[str, tuple[list[int], list[worker_pb2.Sequence]]] = {}
         for i, (job, k, d) in enumerate(zip(batch, ks, drafts)):
-            if job.spec != "draft" or k <= 0 or len(d.tokens) != k:
+            if job.spec != "draft" or k <= 0 or len(d.tokens) != k or job.drafter is None:
+                continue
+            client = self.pool.client(job.drafter)
+            if client is None or not client.up or self.pool.is_late(job.drafter):
                 continue
             st = job.state
             k_next = predraft_k(
@@ -187,45 +225,63 @@ class DraftSource:
             )
             if k_next <= 0:
                 continue
+            idx, seqs = groups.setdefault(job.drafter, ([], []))
             idx.append(i)
             seqs.append(sequence_to_proto(job.key, st.tokens + d.tokens, job.params, job.mode, k_next + 1))
-        if not seqs:
-            return
-        task = self.spawn(self.propose(seqs))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
-        for n, i in enumerate(idx):
-            job = batch[i]
-            job.predraft = PreDraft(
-                base=len(job.state.tokens) + ks[i], draft=list(drafts[i].tokens), task=task, index=n
-            )
+        for name, (idx, seqs) in groups.items():
+            task = self.spawn(self.propose(name, seqs))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
+            for n, i in enumerate(idx):
+                job = batch[i]
+                job.predraft = PreDraft(
+                    drafter=name, base=len(job.state.tokens) + ks[i], draft=list(drafts[i].tokens), task=task, index=n
+                )
 
     def prefill(self, jobs: list[Job], ends: dict[str, int]) -> None:
-        """Send the draft worker the same prompt chunks as the target, without waiting: it caches them
-        while the target does, and the job's first Propose queues behind them on the worker. A
+        """Send the drafters the same prompt chunks as the target, without waiting: they cache them
+        while the target does, and a job's first Propose queues behind them on its drafter. A
         prompt's last chunk goes with that first Propose instead (a short prompt sends no Prefill)."""
         jobs = [j for j in jobs if j.spec == "draft" and ends[j.key] < j.state.prefill_total]
-        if not jobs or self.draft is None or not self.draft.up:
+        if not jobs or self.pool is None:
             return
-        seqs = [sequence_to_proto(j.key, j.state.prompt_ids[: ends[j.key] + 1], j.params, j.mode) for j in jobs]
+        groups: dict[str, list[Job]] = {}
         for job in jobs:
-            job.used_draft = True  # the drafter holds a slot for it now
-        task = self.spawn(self._prefill(seqs))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
+            name = self._assign(job)
+            if name is not None:
+                groups.setdefault(name, []).append(job)
+        for name, group in groups.items():
+            seqs = [sequence_to_proto(j.key, j.state.prompt_ids[: ends[j.key] + 1], j.params, j.mode) for j in group]
+            for job in group:
+                job.drafters.add(name)  # the drafter holds a slot for it now
+            task = self.spawn(self._prefill(name, seqs))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
 
-    async def _prefill(self, seqs: list[worker_pb2.Sequence]) -> None:
-        assert self.draft is not None
+    async def _prefill(self, name: str, seqs: list[worker_pb2.Sequence]) -> None:
+        client = self.pool.client(name)
+        if client is None or not client.up:
+            return
+        call = self.pool.begin(name, 0)
         try:
-            async with self.draft.lock:
-                await self.draft.call(
-                    "Prefill", worker_pb2.PrefillRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
-                )
+            async with client.lock:
+                await client.call("Prefill", worker_pb2.PrefillRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s)
         except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:  # the first Propose caches the prompt itself
-            log.info("draft prefill failed: %s", exc)
+            log.info("draft prefill on %s failed: %s", name, exc)
+        finally:
+            self.pool.end(name, call, False)
+
+    async def _release_on(self, name: str, keys: list[str], pd: PreDraft | None = None) -> None:
+        if pd is not None and pd.drafter == name and not pd.task.done():
+            await asyncio.wait([pd.task])  # it would re-create the slot
+        client = self.pool.client(name) if self.pool is not None else None
+        if client is not None:
+            await client.release(keys)
 
     async def release(self, job: Job) -> None:
-        """Free the job's draft slot (after any pre-draft for it has finished: it would re-create it)."""
+        """Free the job's draft slots on every drafter it used (after any pre-draft for it has
+        finished: it would re-create the slot)."""
         pd, job.predraft = job.predraft, None
         if pd is not None and not pd.task.done():
             await asyncio.wait([pd.task])
-        if self.draft is not None and (job.used_draft or pd is not None):
-            await self.draft.release([job.key])
+        if self.pool is not None:
+            self.pool.forget(job)
+            await asyncio.gather(*(self._release_on(name, [job.key]) for name in job.drafters))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -39,6 +40,7 @@ class Chunk:
 
 @dataclass
 class PreDraft:
+    drafter: str  # the draft worker computing it
     base: int  # len(tokens) + len(draft) the pre-draft continued from
     draft: list[int]  # the draft it assumed accepted
     task: asyncio.Task  # -> list[worker_pb2.Draft]
@@ -63,7 +65,15 @@ class Job:
     done: bool = False
     outcome: str | None = None
     predraft: PreDraft | None = None
-    used_draft: bool = False
+    # Drafting (router/drafter_pool.py): where its drafts come from now, when it last moved, the
+    # drafter it just left, and every drafter that may hold a KV slot for it (all released at the end).
+    drafter: str | None = None
+    drafter_at: float | None = None
+    moved_from: str | None = None
+    drafters: set[str] = field(default_factory=set)
+    # Speculation switched off by the rebalancer's goodput rule (AUTO requests), and when it last changed.
+    spec_off: bool = False
+    spec_changed_at: float = -math.inf
 
     @property
     def params(self) -> SamplingParams:

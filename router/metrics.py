@@ -5,7 +5,8 @@ Served over HTTP at ``/metrics`` (default 127.0.0.1:9400) by :meth:`Metrics.serv
 Series:
 
 * ``specdec_requests_total{outcome}``: finished requests by outcome (stop, length, cancelled,
-  deadline_exceeded, invalid_argument, resource_exhausted, unavailable, error).
+  deadline_exceeded, invalid_argument (requests that do not decode included), not_found,
+  resource_exhausted (a client over its limit included), unauthenticated, unavailable, error).
 * ``specdec_prompt_tokens_total``, ``specdec_generated_tokens_total``.
 * ``specdec_time_to_first_token_seconds``, ``specdec_time_per_output_token_seconds``,
   ``specdec_request_duration_seconds`` (histograms).
@@ -24,13 +25,37 @@ Series:
   late (``deadline``) or its worker unavailable (``unavailable``).
 * ``specdec_predraft_total{result}``: pre-drafts used (``hit``) or discarded (``miss``).
 * ``specdec_worker_up{role,worker}`` (gauge), ``specdec_worker_restarts_total{role}``.
+* Device telemetry, polled from every worker each ``rebalance.period_s`` (a series is absent while
+  its field is not measured): ``specdec_device_utilization{worker,role,device,signal}`` with signal
+  ``kernel`` (NVML: a kernel ran), ``memory`` (NVML memory controller), ``sm_active`` and
+  ``sm_occupancy`` (GPM), ``busy`` (the worker's compute time / wall time);
+  ``specdec_device_memory_used_bytes``, ``specdec_device_memory_total_bytes``,
+  ``specdec_device_power_watts``, ``specdec_device_power_limit_watts`` (all
+  ``{worker,role,device}``); ``specdec_worker_rss_bytes{worker,role}``,
+  ``specdec_worker_threads{worker,role}``.
+* Rebalancer: ``specdec_rebalance_actions_total{action}`` (draft_move, draft_failover, depth_deep,
+  depth_normal, depth_shallow, spec_off, spec_on, route_around), ``specdec_target_depth_level{worker}``
+  (-1 shallow, 0 normal, 1 deep), ``specdec_drafter_step_seconds{worker}`` (measured seconds per
+  draft step), ``specdec_draft_sequences_total{worker}`` (sequences drafted by each drafter).
+* ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
+  polled every few seconds by router.worker_stats): a leak shows as a count that stays low when idle.
+* ``specdec_process_*``: the router process's resident memory, CPU time and open file descriptors
+  (prometheus_client's process collector).
 """
 
 from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+    start_http_server,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +86,16 @@ _LATENCY_BUCKETS = (
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _MAX_POSITIONS = 16
+
+
+def _set(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
+    if value is not None:
+        gauge.labels(*labels).set(value)
+        return
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass
 
 
 class Metrics:
@@ -135,6 +170,46 @@ class Metrics:
         self.worker_restarts = Counter(
             "specdec_worker_restarts", "Workers that came back on a new address", ["role"], registry=r
         )
+        dev = ["worker", "role", "device"]
+        self.device_util = Gauge(
+            "specdec_device_utilization", "Device busy share by signal", [*dev, "signal"], registry=r
+        )
+        self.device_mem = Gauge("specdec_device_memory_used_bytes", "Device memory in use", dev, registry=r)
+        self.device_mem_total = Gauge("specdec_device_memory_total_bytes", "Device memory in total", dev, registry=r)
+        self.device_power = Gauge("specdec_device_power_watts", "Device power draw", dev, registry=r)
+        self.device_power_limit = Gauge("specdec_device_power_limit_watts", "Device power limit", dev, registry=r)
+        self.worker_rss = Gauge(
+            "specdec_worker_rss_bytes", "Worker process resident memory", ["worker", "role"], registry=r
+        )
+        self.worker_threads = Gauge("specdec_worker_threads", "Worker process threads", ["worker", "role"], registry=r)
+        self.pool_replicas = Gauge(
+            "specdec_pool_replicas",
+            "Replicas per pool (state: serving, pending, draining)",
+            ["pool", "state"],
+            registry=r,
+        )
+        self.rebalance_actions = Counter(
+            "specdec_rebalance_actions", "Actions taken by the rebalancer", ["action"], registry=r
+        )
+        self.depth_level = Gauge(
+            "specdec_target_depth_level",
+            "Depth level of a target (-1 shallow, 0 normal, 1 deep)",
+            ["worker"],
+            registry=r,
+        )
+        self.drafter_step = Gauge(
+            "specdec_drafter_step_seconds",
+            "Measured seconds per draft step (queueing included)",
+            ["worker"],
+            registry=r,
+        )
+        self.draft_sequences = Counter(
+            "specdec_draft_sequences", "Sequences drafted, by draft worker", ["worker"], registry=r
+        )
+        self.worker_free_slots = Gauge(
+            "specdec_worker_free_slots", "KV-cache slots a worker reports free", ["role", "worker"], registry=r
+        )
+        ProcessCollector(namespace="specdec", registry=r)
         self._drafted_n = 0
         self._accepted_n = 0
         self._server = None
@@ -154,6 +229,26 @@ class Metrics:
         for j in range(min(accepted, _MAX_POSITIONS)):
             self.accepted_pos.labels(str(j)).inc()
         self.acceptance.set(self._accepted_n / self._drafted_n)
+
+    def record_device(self, worker: str, role: str, s) -> None:
+        """Set the device series from a :class:`specdec.rpc.telemetry.DeviceSample` (a field not
+        measured removes its series: absent, not zero)."""
+        dev = (worker, role, s.device)
+        signals = {
+            "kernel": s.utilization,
+            "memory": s.memory_utilization,
+            "sm_active": s.sm_active,
+            "sm_occupancy": s.sm_occupancy,
+            "busy": s.busy,
+        }
+        for signal, v in signals.items():
+            _set(self.device_util, (*dev, signal), v)
+        _set(self.device_mem, dev, s.memory_used_bytes)
+        _set(self.device_mem_total, dev, s.memory_total_bytes)
+        _set(self.device_power, dev, s.power_w)
+        _set(self.device_power_limit, dev, s.power_limit_w)
+        _set(self.worker_rss, (worker, role), s.rss_bytes)
+        _set(self.worker_threads, (worker, role), s.threads)
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """Current value of a series (for tests and the benchmark)."""

@@ -80,16 +80,19 @@ def want_k(
     state: RequestState,
     max_context: int,
     cost: CostMeter,
+    cost_scale: float = 1.0,
+    k_range: tuple[int, int] | None = None,
 ) -> int:
     """Draft tokens for a request's next round: none when off, none for AUTO requests while more
     than ``auto_off_batch`` requests run (the goodput gate: batched verification turns
     compute-bound), else the request's k policy with the measured cost of a draft token (model
-    drafts only; n-gram drafts cost the router next to nothing)."""
+    drafts only; n-gram drafts cost the router next to nothing), scaled and bounded by the
+    rebalancer's depth plan for the target's device load (``cost_scale``, ``k_range``)."""
     if spec == "off":
         return 0
     if auto and auto_off_batch and running > auto_off_batch:
         return 0
-    return state.next_k(max_context, cost.per_token if spec == "draft" else None)
+    return state.next_k(max_context, cost.per_token * cost_scale if spec == "draft" else None, k_range)
 
 
 def policy_k(state: RequestState) -> int:

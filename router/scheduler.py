@@ -22,6 +22,11 @@ decoding on the target; counted in ``fail_open_rounds``). The worker client re-r
 drafter in the background (a restarted Ray actor has a new port) and speculation resumes when it
 answers again. A target failure makes the round wait for the target to come back and replays it
 (:mod:`router.target_link`).
+
+Rebalancing (router/rebalance.py, when ``rebalance.enabled``): drafts come from the drafter pool
+shared by all targets; the target's depth level (set from its device telemetry by
+router/rebalancer.py) bounds the adaptive k and turns pre-drafting on or off; and each round,
+AUTO requests stop speculating while the measured goodput says plain decoding is faster.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from collections.abc import Callable
 import grpc
 
 from router.config import RouterConfig
+from router.drafter_pool import DrafterPool
 from router.drafting import DraftSource
 from router.jobs import Chunk, Job, QueueFull, next_job_key
 from router.metrics import Metrics
@@ -48,9 +54,10 @@ from router.policy import (
     resolve_spec,
     want_k,
 )
+from router.target_balance import TargetBalance
 from router.target_link import TargetLink
 from router.workers import WorkerClient, WorkerUnavailable
-from specdec.core.params import SamplingParams, VerifyMode
+from specdec.core.params import InvalidParams, SamplingParams, VerifyMode
 from specdec.core.prefill_plan import PrefillNeed, chunks_between, plan_prefill
 from specdec.core.request_state import CostMeter, new_request
 from specdec.core.round_types import Draft
@@ -68,20 +75,21 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> RpcStatusError:
 
 
 class TargetScheduler:
-    """Queue, running set and round lanes of one target worker (with its draft worker, if any)."""
+    """Queue, running set and round lanes of one target worker. Drafts come from ``pool`` (shared by
+    every target; ``home`` is this target's own drafter, the only one used without the rebalancer)."""
 
     def __init__(
         self,
         name: str,
         target: WorkerClient,
-        draft: WorkerClient | None,
+        pool: DrafterPool | None,
+        home: str | None,
         config: RouterConfig,
         metrics: Metrics,
         decode: Callable[[list[int]], str],
     ):
         self.name = name
         self.target = target
-        self.draft = draft
         self.cfg = config
         self.metrics = metrics
         self.decode = decode
@@ -91,16 +99,22 @@ class TargetScheduler:
         self.max_context = int(info.max_context)
         self.vocab_size = int(info.vocab_size)
         self.eos_token_ids = set(int(t) for t in info.eos_token_ids)
-        draft_slots = int(draft.info.num_slots) if draft is not None and draft.info is not None else None
+        own = pool.client(home) if pool is not None and not config.rebalance.enabled else None
+        # static pairing: its drafter's slots bound the batch
+        draft_slots = int(own.info.num_slots) if own is not None and own.info is not None else None
         self.capacity = batch_capacity(int(info.num_slots), config.max_batch, draft_slots)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
+        self.served = 0  # requests completed here (autoscaling: a new replica serves)
+        self.first_served_at: float | None = None  # monotonic
         self._wake = asyncio.Event()
         self._closing = False
         self._lanes: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
         self.link = TargetLink(name, target, config)
-        self.drafting = DraftSource(draft, config, metrics, self.vocab_size, self.max_context, self._spawn)
+        self.drafting = DraftSource(pool, home, config, metrics, self.vocab_size, self.max_context, self._spawn)
+        self.draft = pool if self.drafting.available else None  # None: this deployment has no draft model
+        self.balance = TargetBalance(self)  # depth level, speculation switch (router/rebalance.py)
         # c = draft step / target step as this pipeline sees it (the time a round waits per draft
         # step over its verify time), for the adaptive k; pre-draft hits make drafting look free.
         self.cost = CostMeter(c=config.k_policy.cost_ratio)
@@ -160,23 +174,25 @@ class TargetScheduler:
     ) -> Job:
         spec, auto = resolve_spec(spec, self.cfg.default_mode, self.draft is not None)
         if spec == "draft" and self.draft is None:
-            raise RpcStatusError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "speculation.mode: this deployment has no draft model; use NGRAM, OFF or AUTO",
-            )
+            raise InvalidParams("speculation.mode", "this deployment has no draft model; use NGRAM, OFF or AUTO")
         policy = request_k_policy(spec, k, self.cfg.k_policy)
         key = next_job_key(request_id)
         state = new_request(key, prompt_ids, params, mode, policy, self.eos_token_ids, self.decode)
         return Job(key=key, request_id=request_id, state=state, spec=spec, auto=auto, deadline=deadline)
 
-    def submit(self, job: Job) -> None:
+    def check_room(self) -> None:
+        """Raise unless a new job would be queued now (QueueFull, or UNAVAILABLE while closing):
+        called before the costly work of admitting one (tokenizing), and by :meth:`submit`."""
         if self._closing:
-            raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+            raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down", retry_after=1.0)
         self._admit()
         if len(self.waiting) >= self.cfg.max_queue:
             raise QueueFull(
                 f"the request queue is full ({len(self.waiting)} waiting, {len(self.running)} running); retry later"
             )
+
+    def submit(self, job: Job) -> None:
+        self.check_room()
         self.waiting.append(job)
         self.metrics.queue_depth.inc()
         self.metrics.prompt_tokens.inc(len(job.state.prompt_ids))
@@ -272,8 +288,17 @@ class TargetScheduler:
         return policy_k(job.state)
 
     def _want_k(self, job: Job) -> int:
+        plan = self.balance.depth_plan
         return want_k(
-            job.spec, job.auto, len(self.running), self.cfg.auto_off_batch, job.state, self.max_context, self.cost
+            job.spec,
+            job.auto,
+            len(self.running),
+            self.cfg.auto_off_batch,
+            job.state,
+            self.max_context,
+            self.cost,
+            cost_scale=plan.cost_scale,
+            k_range=(plan.k_lo, plan.k_hi),
         )
 
     async def _prefill(self, batch: list[Job], verify_tokens: int) -> list[Job]:
@@ -314,8 +339,9 @@ class TargetScheduler:
             return
         # A request's first round feeds the drafter its prompt's tail: it says nothing of a step.
         prefills = any(not j.state.generated for j in batch)
+        ks = self.balance.speculation(batch, ks)
         drafts, draft_wait = await self.drafting.drafts(batch, ks)
-        self.drafting.launch_predraft(batch, ks, drafts, self._policy_k)
+        self.drafting.launch_predraft(batch, ks, drafts, self._policy_k, self.balance.predraft)
         items = [
             worker_pb2.VerifyItem(
                 sequence=sequence_to_proto(j.key, j.state.tokens, j.params, j.mode), draft=draft_to_proto(j.key, d)
@@ -350,6 +376,7 @@ class TargetScheduler:
             m.phase.labels("rpc").observe(max(0.0, (t2 - t1) - compute))
         m.phase.labels("router").observe((t3 - t0) - draft_wait - (t2 - t1))
         m.phase.labels("round").observe(t3 - t0)
+        self.balance.observe_round(draft_wait, t3 - t0)
 
     def _commit(self, job: Job, draft: Draft, out: worker_pb2.VerifyOutcome) -> None:
         tokens, n_acc = list(out.tokens), int(out.num_accepted)
@@ -368,6 +395,7 @@ class TargetScheduler:
         st = job.state
         committed = st.commit(tokens, n_acc, k, self.max_context)
         self.metrics.record_draft(k, min(n_acc, len(committed)))
+        self.balance.observe_outcome(k, n_acc)
         now = time.monotonic()
         if committed:
             if job.t_first is None:
@@ -414,6 +442,9 @@ class TargetScheduler:
                 if n > 1:
                     m.tpot.observe((job.t_last - job.t_first) / (n - 1))
                 m.duration.observe(job.t_last - job.t_arrival)
+            self.served += 1
+            if self.first_served_at is None:
+                self.first_served_at = time.monotonic()
         job.outcome = outcome
         m.requests.labels(outcome or "cancelled").inc()
 

@@ -4,6 +4,11 @@ The router receives *where* the workers are (:class:`TargetBinding`: endpoints â
 handles or fixed addresses â€” plus the model names); creating the workers is the launcher's job
 (`cluster/`). It never imports torch, Ray, draft_worker or target_worker.
 
+The draft workers named by the bindings form one pool shared by every target
+(router/drafter_pool.py); a binding's drafter is its target's own only while the rebalancer is off
+(``rebalance.enabled: false``, static pairing). Requests go to the target replica with the least
+load per slot (router/rebalance.py:pick_target).
+
 :class:`Router` lives on an asyncio loop (``await router.start()`` / ``await router.stop()``);
 :class:`RouterThread` runs one on a background thread for synchronous callers (the launcher's
 main thread, tests).
@@ -21,15 +26,23 @@ from pathlib import Path
 
 import grpc
 
+from router.autoscaler import Autoscaler, PoolActuator
+from router.client_limit import ClientLimiter
 from router.config import RouterConfig
 from router.detok import Detokenizer, resolve_model_dir
+from router.drafter_pool import DrafterPool
 from router.metrics import Metrics
-from router.policy import least_loaded
+from router.rebalance import pick_target
+from router.rebalancer import Rebalancer
+from router.retry import worker_recovery_estimate
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
+from router.tokenizer_link import TokenizerMismatch, drafter_mismatch, fetch_detokenizer
+from router.worker_stats import poll_free_slots
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
-from specdec.core.params import InvalidParams
+from specdec.core.tokenizer_spec import vocab_fingerprint
 from specdec.rpc import generate_pb2, generate_pb2_grpc
+from specdec.rpc.api_security import SecurityConfig
 from specdec.rpc.errors import RpcStatusError
 from specdec.rpc.server import announce_aio_shutdown, start_aio_server
 
@@ -40,7 +53,8 @@ __all__ = ["TargetBinding", "Router", "RouterThread"]
 
 @dataclass
 class TargetBinding:
-    """One target worker and the draft worker that drafts for it.
+    """One target worker and its own draft worker (with the rebalancer on, a member of the pool
+    every target drafts from).
 
     model: the name clients use in ``GenerateRequest.model`` (and ListModels shows).
     tokenizer: pack name or folder with the target's ``tokenizer.json`` (default: ``model``);
@@ -55,24 +69,52 @@ class TargetBinding:
 
 
 class Router:
+    """``security``: TLS and bearer tokens on the public port (none by default; the calls to the
+    workers carry the worker secret of this process's environment either way)."""
+
     def __init__(
-        self, bindings: Sequence[TargetBinding], config: RouterConfig | None = None, metrics: Metrics | None = None
+        self,
+        bindings: Sequence[TargetBinding],
+        config: RouterConfig | None = None,
+        metrics: Metrics | None = None,
+        actuator: PoolActuator | None = None,
+        security: SecurityConfig | None = None,
     ):
         if not bindings:
             raise ValueError("the router needs at least one target worker")
         self.bindings = list(bindings)
         self.config = config or RouterConfig()
+        self.security = security or SecurityConfig()
         self.metrics = metrics or Metrics()
         self.schedulers: list[TargetScheduler] = []
         self.targets: list[WorkerClient] = []
-        self.drafts: list[WorkerClient | None] = []
+        self.pool = DrafterPool(self.config, self.metrics)
+        self.draft_models: dict[str, str] = {}  # drafter name -> model name (ListModels)
+        self.rebalancer = Rebalancer(
+            lambda: self.targets + self.pool.clients, lambda: self.schedulers, self.config.rebalance, self.metrics
+        )
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self._slots_task: asyncio.Task | None = None
         self._detoks: dict[Path, Detokenizer] = {}
+        self.target_fingerprints: dict[str, str] = {}  # target name -> tokenizer fingerprint
+        self.refused: dict[str, str] = {}  # drafter name -> why (tokenizer mismatch)
+        self.draining: set[str] = set()  # target replicas taking no new requests (router/autoscaler.py)
+        self.autoscaler = (
+            Autoscaler(self, actuator, self.config.scaling) if actuator and self.config.scaling.enabled else None
+        )
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def _on_state(self, w: WorkerClient) -> None:
+        if w.role == "draft" and w.up and w.info is not None:
+            why = drafter_mismatch(w.info.tokenizer_fingerprint, w.name, self.target_fingerprints)
+            if why is not None:  # checked at start-up and at every (re)join
+                log.error("%s", why)
+                self.refused[w.name] = why
+                self.pool.remove(w.name)
+                w.up = False
+                asyncio.get_running_loop().create_task(w.close())
         self.metrics.worker_up.labels(w.role, w.name).set(1 if w.up else 0)
         if w.up and w.restarts:
             seen = getattr(w, "_restarts_seen", 0)
@@ -86,17 +128,31 @@ class Router:
             self._detoks[path] = Detokenizer(path)
         return self._detoks[path]
 
+    async def _target_detok(self, b: TargetBinding, t: WorkerClient) -> Detokenizer:
+        """A local tokenizer when the binding names one, else the target's own (GetTokenizer)."""
+        if b.tokenizer is not None:
+            detok = self._detok(b.tokenizer)
+            fingerprint = vocab_fingerprint(detok.vocab())
+        else:
+            detok, fingerprint = await fetch_detokenizer(t, self.config.rpc_timeout_s)
+        self.target_fingerprints[t.name] = fingerprint
+        return detok
+
     async def start(self, connect_timeout: float = 600.0) -> None:
         """Connect to every worker (targets must answer within ``connect_timeout``; a draft
         worker that does not is used once it does), then serve gRPC and /metrics."""
         cfg = self.config
         for b in self.bindings:
-            self._detok(b.tokenizer or b.model)  # fail early on a missing tokenizer
+            if b.tokenizer is not None:
+                self._detok(b.tokenizer)  # fail early on a missing local tokenizer
             self.targets.append(WorkerClient(b.target, "target", on_state=self._on_state))
-            self.drafts.append(WorkerClient(b.draft, "draft", on_state=self._on_state) if b.draft else None)
-        for w in self.targets + [d for d in self.drafts if d is not None]:
+            if b.draft is not None and self.pool.client(b.draft.name) is None:
+                self.pool.add(WorkerClient(b.draft, "draft", on_state=self._on_state))
+                self.draft_models[b.draft.name] = b.draft_model or b.draft.name
+        for w in self.targets + self.pool.clients:
             self.metrics.worker_up.labels(w.role, w.name).set(0)
         await asyncio.gather(*(t.connect(connect_timeout) for t in self.targets))
+        detoks = [await self._target_detok(b, t) for b, t in zip(self.bindings, self.targets)]
 
         async def connect_draft(d: WorkerClient) -> None:
             try:
@@ -104,15 +160,28 @@ class Router:
             except WorkerUnavailable as exc:
                 log.warning("%s; serving without it (fail open) until it answers", exc)
 
-        await asyncio.gather(*(connect_draft(d) for d in self.drafts if d is not None))
-        for b, t, d in zip(self.bindings, self.targets, self.drafts):
-            detok = self._detok(b.tokenizer or b.model)
-            sched = TargetScheduler(b.model, t, d, cfg, self.metrics, detok.decode)
+        await asyncio.gather(*(connect_draft(d) for d in self.pool.clients))
+        for b, t, detok in zip(self.bindings, self.targets, detoks):
+            home = b.draft.name if b.draft is not None else None
+            sched = TargetScheduler(b.model, t, self.pool, home, cfg, self.metrics, detok.decode)
             sched.start()
             self.schedulers.append(sched)
+        self.rebalancer.start()
+        if self.autoscaler is not None:
+            self.autoscaler.start(cfg.rebalance.period_s)
         servicer = GenerationService(self)
+        limiter = ClientLimiter(cfg.max_inflight_per_client, servicer.limited)
         self.server, self.port = await start_aio_server(
-            [(generate_pb2_grpc.add_GenerationServicer_to_server, servicer, SERVICE_NAME)], cfg.host, cfg.port
+            [(generate_pb2_grpc.add_GenerationServicer_to_server, servicer, SERVICE_NAME)],
+            cfg.host,
+            cfg.port,
+            on_refused=servicer.refused,
+            options=cfg.connection_limits().server_options(),
+            interceptors=[*self.security.aio_interceptors(servicer.denied), limiter],
+            credentials=self.security.server_credentials(),
+        )
+        self._slots_task = asyncio.get_running_loop().create_task(
+            poll_free_slots(lambda: self.targets + [d for d in self.drafts if d is not None], self.metrics)
         )
         if cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
@@ -129,9 +198,14 @@ class Router:
         if self.server is not None:
             await announce_aio_shutdown(self.server)  # flip health first: balancers stop sending
         await asyncio.gather(*(s.close(grace) for s in self.schedulers))
+        await self.rebalancer.stop()
+        if self.autoscaler is not None:
+            await self.autoscaler.stop()
+        if self._slots_task is not None:
+            self._slots_task.cancel()
         if self.server is not None:
             await self.server.stop(1.0)
-        for w in self.targets + [d for d in self.drafts if d is not None]:
+        for w in self.targets + self.pool.clients:
             await w.close()
         self.metrics.close()
 
@@ -139,45 +213,121 @@ class Router:
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
+    # ---- pool membership (router/autoscaler.py) -------------------------------------------------
+    async def add_target(self, endpoint: Endpoint, timeout: float) -> None:
+        """A new target replica of the first model: connected, tokenizer checked, then routed to."""
+        b0 = self.bindings[0]
+        b = TargetBinding(model=b0.model, target=endpoint, tokenizer=b0.tokenizer)
+        t = WorkerClient(endpoint, "target", on_state=self._on_state)
+        try:
+            await t.connect(timeout)
+            detok = await self._target_detok(b, t)
+        except BaseException:
+            await t.close()
+            raise
+        ref = self.target_fingerprints.get(self.targets[0].name) if self.targets else None
+        if ref is not None and self.target_fingerprints[t.name] != ref:
+            del self.target_fingerprints[t.name]
+            await t.close()
+            raise TokenizerMismatch(f"target replica {t.name} has another tokenizer than {self.targets[0].name}")
+        sched = TargetScheduler(b.model, t, self.pool, None, self.config, self.metrics, detok.decode)
+        sched.start()
+        self.bindings.append(b)
+        self.targets.append(t)
+        self.schedulers.append(sched)
+
+    async def add_drafter(self, endpoint: Endpoint, timeout: float) -> None:
+        """A new drafter in the shared pool (refused on a tokenizer mismatch when it comes up)."""
+        d = WorkerClient(endpoint, "draft", on_state=self._on_state)
+        self.draft_models[d.name] = next(iter(self.draft_models.values()), d.name)
+        self.pool.add(d)
+        try:
+            await d.connect(timeout)
+        except BaseException:
+            self.pool.remove(d.name)
+            await d.close()
+            raise
+        if d.name in self.refused:
+            raise TokenizerMismatch(self.refused[d.name])
+
+    def replica_busy(self, pool: str, name: str) -> bool:
+        """Whether a draining replica still has work (requests queued or running; Proposes in flight)."""
+        if pool == "target":
+            return any(s.load > 0 for s in self.schedulers if s.target.name == name)
+        return any(v.in_flight > 0 for v in self.pool.views() if v.name == name)
+
+    async def remove_replica(self, pool: str, name: str) -> None:
+        if pool == "draft":
+            client = self.pool.client(name)
+            self.pool.remove(name)
+            if client is not None:
+                await client.close()
+            return
+        for i, s in enumerate(self.schedulers):
+            if s.target.name == name:
+                del self.schedulers[i], self.targets[i], self.bindings[i]
+                await s.close(self.config.grace_s)
+                await s.target.close()
+                break
+        self.draining.discard(name)
+        self.target_fingerprints.pop(name, None)
+
     # ---- routing -------------------------------------------------------------------------------
     def model_names(self) -> list[str]:
         return list(dict.fromkeys(b.model for b in self.bindings))
 
-    def pick(self, model: str) -> TargetScheduler:
-        """The least-loaded scheduler serving ``model`` ("" = the first model)."""
+    def schedulers_for(self, model: str) -> list[TargetScheduler]:
+        """The schedulers serving ``model`` ("" = the first model); NOT_FOUND listing the models."""
         name = model or self.bindings[0].model
         candidates = [s for s in self.schedulers if s.name == name]
+        open_ = [s for s in candidates if s.target.name not in self.draining]
+        candidates = open_ or candidates  # a draining replica serves only when it is the last one
         if not candidates:
-            raise InvalidParams("model", f"unknown model {model!r}; this server has {', '.join(self.model_names())}")
+            shown = model if len(model) <= 64 else model[:61] + "..."
+            raise RpcStatusError(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {shown!r} is not served here; models: {', '.join(self.model_names())}",
+            )
+        return candidates
+
+    def pick(self, model: str) -> TargetScheduler:
+        """The least-loaded scheduler serving ``model`` ("" = the first model); UNAVAILABLE with a
+        recovery estimate when every target for it has been down past ``recovery_timeout_s``."""
+        candidates = self.schedulers_for(model)
         limit = self.config.recovery_timeout_s
-        alive = [
-            s
-            for s in candidates
-            if s.target.up or s.link.down_since is None or time.monotonic() - s.link.down_since < limit
-        ]
+        now = time.monotonic()
+        alive = [s for s in candidates if s.target.up or s.link.down_since is None or now - s.link.down_since < limit]
         if not alive:
-            raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, f"no target worker for {name!r} is available")
-        return alive[least_loaded([(not s.target.up, s.load) for s in alive])]
+            raise RpcStatusError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"no target worker for {candidates[0].name!r} is available",
+                retry_after=min(worker_recovery_estimate(s.target) for s in candidates),
+            )
+        route = pick_target([s.balance.view() for s in alive], self.config.rebalance)
+        if route.around:
+            self.metrics.rebalance_actions.labels("route_around").inc()
+            log.info("route_around: skipped a saturated target; request to %s", alive[route.index].target.name)
+        return alive[route.index]
 
     def list_models(self) -> generate_pb2.ListModelsResponse:
         out = generate_pb2.ListModelsResponse()
         seen: dict[tuple[str, str], generate_pb2.ModelInfo] = {}
         rows = [(b.model, "target", t) for b, t in zip(self.bindings, self.targets)]
-        rows += [
-            (b.draft_model or b.draft.name, "draft", d) for b, d in zip(self.bindings, self.drafts) if d is not None
-        ]
+        rows += [(self.draft_models.get(d.name, d.name), "draft", d) for d in self.pool.clients]
         for name, role, w in rows:
             info = w.info
             m = seen.get((name, role))
             if m is None:
-                m = seen[(name, role)] = out.models.add(
-                    name=name,
-                    role=role,
-                    dtype=info.dtype if info else "",
-                    device=info.device if info else "",
-                    max_context=info.max_context if info else 0,
-                    ready=False,
-                )
+                m = seen[(name, role)] = out.models.add(name=name, role=role, ready=False)
+                if info is not None:
+                    m.dtype, m.device, m.max_context, m.vocab_size = (
+                        info.dtype,
+                        info.device,
+                        info.max_context,
+                        info.vocab_size,
+                    )
+                    m.eos_token_ids.extend(info.eos_token_ids)
+                    m.has_chat_template = role == "target" and info.has_chat_template
             m.ready = m.ready or w.up
         return out
 
@@ -185,8 +335,14 @@ class Router:
 class RouterThread:
     """A :class:`Router` on its own event loop in a daemon thread (for synchronous callers)."""
 
-    def __init__(self, bindings: Sequence[TargetBinding], config: RouterConfig | None = None):
-        self.router = Router(bindings, config)
+    def __init__(
+        self,
+        bindings: Sequence[TargetBinding],
+        config: RouterConfig | None = None,
+        actuator: PoolActuator | None = None,
+        security: SecurityConfig | None = None,
+    ):
+        self.router = Router(bindings, config, actuator=actuator, security=security)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="specdec-router", daemon=True)
 

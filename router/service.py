@@ -1,10 +1,12 @@
-"""The public ``specdec.v1.Generation`` servicer (grpc.aio): Generate, GenerateStream, ListModels.
+"""The public ``specdec.v1.Generation`` servicer (grpc.aio): Generate, GenerateStream, ListModels, Tokenize.
 
-Each call is validated (INVALID_ARGUMENT naming the field), tokenized by the target worker when it
-is text, and submitted to the least-loaded scheduler of its model (RESOURCE_EXHAUSTED when its
-queue is full). The handler then relays the job's committed chunks. When the client cancels or
-its deadline passes, gRPC cancels the handler and the job is dropped, which releases its KV
-slots on both workers.
+Each call is checked in order of cost (router.validate): the request id, the model (NOT_FOUND),
+every bound that needs no tokenizer, then room in the least-loaded scheduler's queue
+(RESOURCE_EXHAUSTED with a queue-drain RetryInfo). Only then is text tokenized, by the target
+worker (another process: the router's loop keeps admitting other requests meanwhile), checked
+against the context and submitted. The handler then relays the job's committed chunks. When the
+client cancels or its deadline passes, gRPC cancels the handler and the job is dropped, which
+releases its KV slots on both workers. Every call ends with one access-log line.
 """
 
 from __future__ import annotations
@@ -14,18 +16,21 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 
+from router.access_log import AccessRecord
 from router.config import RouterConfig
 from router.metrics import Metrics
+from router.retry import DrainEstimate, worker_recovery_estimate
 from router.scheduler import Chunk, Job, TargetScheduler
-from router.validate import finalize, parse
+from router.validate import Limits, PromptInput, check_request_id, finalize, parse, parse_prompt
 from router.workers import WorkerUnavailable
-from specdec.core.params import InvalidParams
 from specdec.rpc import generate_pb2, generate_pb2_grpc
-from specdec.rpc.errors import RpcStatusError, abort_with_async
+from specdec.rpc.convert import check_token_ids
+from specdec.rpc.errors import RpcStatusError, abort_with_async, rich_status_for
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,7 @@ SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
 
 _OUTCOME = {
     grpc.StatusCode.INVALID_ARGUMENT: "invalid_argument",
+    grpc.StatusCode.NOT_FOUND: "not_found",
     grpc.StatusCode.RESOURCE_EXHAUSTED: "resource_exhausted",
     grpc.StatusCode.UNAVAILABLE: "unavailable",
     grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded",
@@ -64,28 +70,49 @@ class Schedulers(Protocol):
     config: RouterConfig
     metrics: Metrics
 
+    def schedulers_for(self, model: str) -> list[TargetScheduler]: ...
+
     def pick(self, model: str) -> TargetScheduler: ...
 
     def list_models(self) -> generate_pb2.ListModelsResponse: ...
 
 
+@dataclass
+class _Call:
+    """One call being served: its access-log record and, once picked, its scheduler."""
+
+    rec: AccessRecord
+    sched: TargetScheduler | None = None
+
+
 class GenerationService(generate_pb2_grpc.GenerationServicer):
     def __init__(self, router: Schedulers):
         self.router = router
+        self._drain: dict[TargetScheduler, DrainEstimate] = {}
 
     # ---- the shared path -----------------------------------------------------------------------
-    async def _submit(self, request: generate_pb2.GenerateRequest, context) -> tuple[TargetScheduler, Job]:
-        t_arrival = time.monotonic()
-        parsed = parse(request)
-        sched = self.router.pick(parsed.model)
+    def _limits(self, model: str, rec: AccessRecord) -> Limits:
+        sched = self.router.schedulers_for(model)[0]
+        rec.model = sched.name
+        return Limits.for_model(sched.max_context, self.router.config.max_prompt_bytes)
+
+    async def _prompt_ids(self, sched: TargetScheduler, prompt: PromptInput, timeout: float | None) -> list[int]:
+        if prompt.prompt_ids is not None:
+            return prompt.prompt_ids
+        return await sched.tokenize(prompt.prompt, prompt.chat, timeout=math.inf if timeout is None else timeout)
+
+    async def _submit(self, request: generate_pb2.GenerateRequest, context, call: _Call) -> Job:
+        rec = call.rec
+        check_request_id(request.request_id)
+        rec.request_id = request.request_id
+        parsed = parse(request, self._limits(request.model, rec))
+        sched = call.sched = self.router.pick(parsed.model)
+        sched.check_room()  # a full queue refuses before the prompt is tokenized
         remaining = context.time_remaining()
-        deadline = t_arrival + remaining if remaining is not None else None
-        if parsed.prompt_ids is None:
-            prompt_ids = await sched.tokenize(
-                parsed.prompt, parsed.chat, timeout=remaining if remaining is not None else math.inf
-            )
-        else:
-            prompt_ids = parsed.prompt_ids
+        deadline = rec.t_start + remaining if remaining is not None else None
+        prompt = PromptInput(parsed.prompt, parsed.prompt_ids, parsed.chat)
+        prompt_ids = await self._prompt_ids(sched, prompt, remaining)
+        rec.prompt_tokens = len(prompt_ids)
         params, mode = finalize(
             parsed,
             prompt_ids,
@@ -93,58 +120,96 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
             max_context=sched.max_context,
             default_max_tokens=self.router.config.default_max_tokens,
         )
-        request_id = request.request_id or f"req-{uuid.uuid4().hex[:16]}"
+        request_id = rec.request_id = request.request_id or f"req-{uuid.uuid4().hex[:16]}"
         job = sched.new_job(request_id, prompt_ids, params, mode, parsed.spec_mode, parsed.k, deadline)
-        job.t_arrival = t_arrival
+        job.t_arrival = rec.t_start
         sched.submit(job)
-        return sched, job
+        return job
 
-    async def _abort(self, context, exc: BaseException, where: str, count: bool = True) -> None:
-        """Answer with the status for ``exc`` (raises); ``count``: record the outcome in the metrics
-        (the scheduler already did for jobs it failed)."""
+    def _with_retry(self, exc: BaseException, sched: TargetScheduler | None) -> BaseException:
+        """Worker failures as statuses, with the RetryInfo delay the router can estimate."""
         if isinstance(exc, WorkerUnavailable):
             exc = RpcStatusError(grpc.StatusCode.UNAVAILABLE, f"no worker available: {exc}")
         elif isinstance(exc, grpc.aio.AioRpcError):  # a worker refused (e.g. Tokenize with chat)
             exc = RpcStatusError(exc.code(), exc.details() or exc.code().name)
-        if count:
-            if isinstance(exc, InvalidParams):
-                code = grpc.StatusCode.INVALID_ARGUMENT
-            elif isinstance(exc, RpcStatusError):
-                code = exc.code
-            else:
-                code = grpc.StatusCode.INTERNAL
-            self.router.metrics.requests.labels(_OUTCOME.get(code, "error")).inc()
-        await abort_with_async(context, exc, where=where)
+        if isinstance(exc, RpcStatusError) and exc.retry_after is None and sched is not None:
+            if exc.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                exc.retry_after = self._drain.setdefault(sched, DrainEstimate()).seconds(len(sched.waiting))
+            elif exc.code is grpc.StatusCode.UNAVAILABLE:
+                exc.retry_after = worker_recovery_estimate(sched.target)
+        return exc
 
-    async def _chunks(self, request, context, where: str) -> AsyncIterator[tuple[Job, Chunk]]:
+    async def _abort(self, context, exc: BaseException, call: _Call, count: bool = True) -> None:
+        """Answer with the status for ``exc`` (raises); ``count``: record the outcome in the metrics
+        (the scheduler already did for jobs it failed)."""
+        exc = self._with_retry(exc, call.sched)
+        code = rich_status_for(exc).code
+        call.rec.status = code.name
+        if count:
+            self.router.metrics.requests.labels(_OUTCOME.get(code, "error")).inc()
+        await abort_with_async(context, exc, where=call.rec.rpc)
+
+    async def _chunks(self, request, context, call: _Call) -> AsyncIterator[tuple[Job, Chunk]]:
+        rec = call.rec
         try:
-            sched, job = await self._submit(request, context)
+            job = await self._submit(request, context, call)
         except Exception as exc:  # noqa: BLE001 - the edge: every error becomes a status
-            await self._abort(context, exc, where)
+            await self._abort(context, exc, call)
             return
+        sched = call.sched
         try:
             while True:
                 event = await job.events.get()
                 if isinstance(event, BaseException):
-                    await self._abort(context, event, where, count=False)
+                    await self._abort(context, event, call, count=False)
                     return
+                rec.completion_tokens = len(job.state.generated)
+                rec.t_first = job.t_first
                 yield job, event
                 if event.finish_reason is not None:
+                    rec.finish_reason = event.finish_reason
                     return
         finally:
             if not job.done:  # the client cancelled or its deadline passed
                 late = job.deadline is not None and time.monotonic() >= job.deadline - 0.01
+                rec.status = "DEADLINE_EXCEEDED" if late else "CANCELLED"
                 sched.cancel(job, "deadline" if late else "cancelled")
+            rec.acceptance_rate = job.state.stats.acceptance_rate if job.state.stats.drafted else None
+            rec.completion_tokens = len(job.state.generated)
+            self._drain.setdefault(sched, DrainEstimate()).finished()
+
+    def refused(self, method: str, peer: str, error: RpcStatusError) -> None:
+        """A request that did not decode (specdec.rpc.decode_guard): count it and log its access line."""
+        self.router.metrics.requests.labels("invalid_argument").inc()
+        AccessRecord(method.rsplit("/", 1)[-1], peer, status=error.code.name).emit()
+
+    def _turned_away(self, method: str, peer: str, code: grpc.StatusCode, outcome: str) -> None:
+        rpc = method.rsplit("/", 1)[-1]
+        if rpc in ("Generate", "GenerateStream"):
+            self.router.metrics.requests.labels(outcome).inc()
+        AccessRecord(rpc, peer, status=code.name).emit()
+
+    def denied(self, method: str, peer: str) -> None:
+        """A call without a valid token (specdec.rpc.auth): counted, with its access line."""
+        self._turned_away(method, peer, grpc.StatusCode.UNAUTHENTICATED, "unauthenticated")
+
+    def limited(self, method: str, peer: str) -> None:
+        """A call beyond its client's limit (router.client_limit): counted, with its access line."""
+        self._turned_away(method, peer, grpc.StatusCode.RESOURCE_EXHAUSTED, "resource_exhausted")
 
     # ---- RPCs ----------------------------------------------------------------------------------
     async def Generate(self, request: generate_pb2.GenerateRequest, context) -> generate_pb2.GenerateResponse:
+        call = _Call(AccessRecord("Generate", context.peer()))
         token_ids: list[int] = []
         text: list[str] = []
         job = last = None
-        async for chunk_job, chunk in self._chunks(request, context, "Generate"):
-            token_ids.extend(chunk.token_ids)
-            text.append(chunk.text)
-            job, last = chunk_job, chunk
+        try:
+            async for chunk_job, chunk in self._chunks(request, context, call):
+                token_ids.extend(chunk.token_ids)
+                text.append(chunk.text)
+                job, last = chunk_job, chunk
+        finally:
+            call.rec.emit()
         if job is None or last is None:  # aborted (the abort raised inside the generator)
             return generate_pb2.GenerateResponse()
         return generate_pb2.GenerateResponse(
@@ -157,13 +222,32 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         )
 
     async def GenerateStream(self, request: generate_pb2.GenerateRequest, context):
-        async for job, chunk in self._chunks(request, context, "GenerateStream"):
-            msg = generate_pb2.GenerateChunk(request_id=job.request_id, text=chunk.text, token_ids=chunk.token_ids)
-            if chunk.finish_reason is not None:
-                msg.finish_reason = chunk.finish_reason
-                msg.usage.CopyFrom(usage_proto(job))
-                msg.speculation.CopyFrom(stats_proto(job))
-            yield msg
+        call = _Call(AccessRecord("GenerateStream", context.peer()))
+        try:
+            async for job, chunk in self._chunks(request, context, call):
+                msg = generate_pb2.GenerateChunk(request_id=job.request_id, text=chunk.text, token_ids=chunk.token_ids)
+                if chunk.finish_reason is not None:
+                    msg.finish_reason = chunk.finish_reason
+                    msg.usage.CopyFrom(usage_proto(job))
+                    msg.speculation.CopyFrom(stats_proto(job))
+                yield msg
+        finally:
+            call.rec.emit()
 
     async def ListModels(self, request, context) -> generate_pb2.ListModelsResponse:
         return self.router.list_models()
+
+    async def Tokenize(self, request: generate_pb2.TokenizeRequest, context) -> generate_pb2.TokenizeResponse:
+        call = _Call(AccessRecord("Tokenize", context.peer()))
+        try:
+            prompt = parse_prompt(request, self._limits(request.model, call.rec))
+            sched = call.sched = self.router.pick(request.model)
+            if prompt.prompt_ids is not None:
+                check_token_ids(prompt.prompt_ids, sched.vocab_size, "prompt_token_ids")
+            ids = await self._prompt_ids(sched, prompt, context.time_remaining())
+            call.rec.prompt_tokens = len(ids)
+            return generate_pb2.TokenizeResponse(token_ids=ids, count=len(ids))
+        except Exception as exc:  # noqa: BLE001 - the edge: every error becomes a status
+            await self._abort(context, exc, call, count=False)  # not a generation request: not counted
+        finally:
+            call.rec.emit()

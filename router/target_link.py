@@ -85,7 +85,7 @@ class TargetLink:
             try:
                 await self.target.wait_up(max(0.1, t_end - time.monotonic()))
                 resp = await self.target.call(
-                    "Tokenize", worker_pb2.TokenizeRequest(text=text, chat=chat), timeout=self.cfg.rpc_timeout_s
+                    "Tokenize", worker_pb2.TokenizeTextRequest(text=text, chat=chat), timeout=self.cfg.rpc_timeout_s
                 )
                 return list(resp.token_ids)
             except WorkerUnavailable:

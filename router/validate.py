@@ -1,8 +1,12 @@
 """GenerateRequest -> validated parameters, or InvalidParams naming the field (INVALID_ARGUMENT).
 
-Two steps: :func:`parse` checks what needs no model (exclusive prompt fields, ranges, enums);
-:func:`finalize` checks what needs the target (token ids against the vocabulary, prompt and
-max_tokens against the context) once the prompt is tokenized.
+Three steps, each before the costlier work that follows it: :func:`check_request_id` first (the
+id is echoed in every chunk and sent on every worker call); :func:`parse` checks what needs only
+the model's :class:`Limits` (exclusive prompt fields, sizes, ranges, enums), before the prompt
+is tokenized or queued; :func:`finalize` checks what needs the tokenized prompt (token ids
+against the vocabulary, prompt and max_tokens against the context).
+
+The bounds are documented in protos/specdec/v1/generate.proto and the README.
 """
 
 from __future__ import annotations
@@ -14,7 +18,119 @@ from specdec.core.params import InvalidParams, SamplingParams, VerifyMode, choos
 from specdec.rpc import generate_pb2
 from specdec.rpc.convert import check_token_ids, float_from_proto, mode_from_proto, spec_mode_from_proto
 
-__all__ = ["ParsedRequest", "parse", "finalize"]
+__all__ = [
+    "MAX_REQUEST_ID_BYTES",
+    "MAX_STOP_STRINGS",
+    "MAX_STOP_BYTES",
+    "MAX_STOP_TOKEN_IDS",
+    "PROMPT_BYTES_PER_TOKEN",
+    "Limits",
+    "PromptInput",
+    "ParsedRequest",
+    "check_request_id",
+    "parse_prompt",
+    "parse",
+    "finalize",
+]
+
+MAX_REQUEST_ID_BYTES = 256
+MAX_STOP_STRINGS = 16
+MAX_STOP_BYTES = 256
+MAX_STOP_TOKEN_IDS = 64
+# Default prompt byte limit per token of context: far above what text takes per token (a few
+# bytes), so no prompt that fits the context is refused, while a prompt that cannot fit is
+# refused before it is tokenized.
+PROMPT_BYTES_PER_TOKEN = 32
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds a request is checked against before tokenizing, for one model."""
+
+    max_context: int
+    max_prompt_bytes: int
+
+    @classmethod
+    def for_model(cls, max_context: int, max_prompt_bytes: int = 0) -> Limits:
+        """``max_prompt_bytes`` 0: :data:`PROMPT_BYTES_PER_TOKEN` per token of the context."""
+        return cls(max_context, max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * max_context)
+
+
+@dataclass
+class PromptInput:
+    prompt: str | None
+    prompt_ids: list[int] | None
+    chat: bool
+
+
+def _utf8_len_over(text: str, limit: int) -> int | None:
+    """The UTF-8 length of ``text`` when it is over ``limit``, else None (without encoding when
+    the character count settles it: 1 to 4 bytes per character)."""
+    if len(text) > limit:
+        return len(text.encode("utf-8", "surrogatepass")) if len(text) <= 4 * limit else len(text)
+    if 4 * len(text) <= limit:
+        return None
+    n = len(text.encode("utf-8", "surrogatepass"))
+    return n if n > limit else None
+
+
+def check_request_id(request_id: str) -> None:
+    """At most :data:`MAX_REQUEST_ID_BYTES` bytes of printable ASCII; the message never echoes it."""
+    if len(request_id) > MAX_REQUEST_ID_BYTES:
+        n = len(request_id.encode("utf-8", "surrogatepass"))
+        raise InvalidParams(
+            "request_id", f"must be at most {MAX_REQUEST_ID_BYTES} bytes of printable ASCII (got {n} bytes)"
+        )
+    for i, ch in enumerate(request_id):
+        if not " " <= ch <= "~":
+            raise InvalidParams(
+                "request_id",
+                f"must be printable ASCII (0x20-0x7E); character {i} is U+{ord(ch):04X}",
+            )
+
+
+def parse_prompt(req: generate_pb2.GenerateRequest | generate_pb2.TokenizeRequest, limits: Limits) -> PromptInput:
+    """The prompt fields (shared by Generate and Tokenize), checked against the bounds."""
+    text = req.prompt  # each access of a string field makes a new str: once, it may be megabytes
+    has_text, has_ids = bool(text), len(req.prompt_token_ids) > 0
+    if has_text and has_ids:
+        raise InvalidParams("prompt", "give exactly one of prompt and prompt_token_ids, not both")
+    if not has_text and not has_ids:
+        raise InvalidParams("prompt", "the prompt is empty: give a non-empty prompt or prompt_token_ids")
+    if req.chat and has_ids:
+        raise InvalidParams(
+            "chat", "chat applies the template to `prompt` text; it cannot be used with prompt_token_ids"
+        )
+    if has_text and (n := _utf8_len_over(text, limits.max_prompt_bytes)) is not None:
+        raise InvalidParams(
+            "prompt",
+            f"the prompt has {n} bytes; this server takes at most {limits.max_prompt_bytes} "
+            f"(the model's context is {limits.max_context} tokens)",
+        )
+    if has_ids and len(req.prompt_token_ids) > limits.max_context:
+        raise InvalidParams(
+            "prompt_token_ids",
+            f"{len(req.prompt_token_ids)} ids; the model's context is {limits.max_context} tokens",
+        )
+    return PromptInput(
+        prompt=text if has_text else None,
+        prompt_ids=list(req.prompt_token_ids) if has_ids else None,
+        chat=req.chat,
+    )
+
+
+def _check_stops(req: generate_pb2.GenerateRequest) -> None:
+    if len(req.stop) > MAX_STOP_STRINGS:
+        raise InvalidParams("stop", f"at most {MAX_STOP_STRINGS} stop strings (got {len(req.stop)})")
+    for i, s in enumerate(req.stop):
+        if not s:
+            raise InvalidParams(f"stop[{i}]", "stop strings must be non-empty")
+        if (n := _utf8_len_over(s, MAX_STOP_BYTES)) is not None:
+            raise InvalidParams(f"stop[{i}]", f"stop strings are at most {MAX_STOP_BYTES} bytes (got {n})")
+    if len(req.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidParams(
+            "stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop token ids (got {len(req.stop_token_ids)})"
+        )
 
 
 @dataclass
@@ -37,16 +153,10 @@ class ParsedRequest:
     verify_mode: VerifyMode | None
 
 
-def parse(req: generate_pb2.GenerateRequest) -> ParsedRequest:
-    has_text, has_ids = bool(req.prompt), len(req.prompt_token_ids) > 0
-    if has_text and has_ids:
-        raise InvalidParams("prompt", "give exactly one of prompt and prompt_token_ids, not both")
-    if not has_text and not has_ids:
-        raise InvalidParams("prompt", "the prompt is empty: give a non-empty prompt or prompt_token_ids")
-    if req.chat and has_ids:
-        raise InvalidParams(
-            "chat", "chat applies the template to `prompt` text; it cannot be used with prompt_token_ids"
-        )
+def parse(req: generate_pb2.GenerateRequest, limits: Limits) -> ParsedRequest:
+    """Everything that can be checked before tokenizing (call :func:`check_request_id` first)."""
+    prompt = parse_prompt(req, limits)
+    _check_stops(req)
     if req.max_tokens < 0:
         raise InvalidParams("max_tokens", f"must be >= 1, or 0 for the server's default (got {req.max_tokens})")
     temperature = float_from_proto(req.temperature) if req.HasField("temperature") else 0.0
@@ -57,9 +167,6 @@ def parse(req: generate_pb2.GenerateRequest) -> ParsedRequest:
         raise InvalidParams("top_p", f"must be in (0, 1] (got {top_p})")
     if req.top_k < 0:
         raise InvalidParams("top_k", f"must be >= 0, 0 = off (got {req.top_k})")
-    for s in req.stop:
-        if not s:
-            raise InvalidParams("stop", "stop strings must be non-empty")
     spec = req.speculation
     spec_mode = spec_mode_from_proto(spec.mode)
     if spec.k < 0:
@@ -74,9 +181,9 @@ def parse(req: generate_pb2.GenerateRequest) -> ParsedRequest:
     return ParsedRequest(
         request_id=req.request_id,
         model=req.model,
-        prompt=req.prompt if has_text else None,
-        prompt_ids=list(req.prompt_token_ids) if has_ids else None,
-        chat=req.chat,
+        prompt=prompt.prompt,
+        prompt_ids=prompt.prompt_ids,
+        chat=prompt.chat,
         max_tokens=int(req.max_tokens),
         temperature=temperature,
         top_p=top_p,
@@ -94,16 +201,20 @@ def parse(req: generate_pb2.GenerateRequest) -> ParsedRequest:
 def finalize(
     p: ParsedRequest, prompt_ids: list[int], *, vocab_size: int, max_context: int, default_max_tokens: int
 ) -> tuple[SamplingParams, VerifyMode]:
-    """Sampling parameters and verification mode for the tokenized prompt (InvalidParams if bad)."""
+    """Sampling parameters and verification mode for the tokenized prompt (InvalidParams if bad).
+
+    An explicit max_tokens beyond the room left in the context is refused, never lowered (the
+    proto's GenerateRequest.max_tokens); 0 takes the default, lowered to that room."""
+    field = "prompt" if p.prompt is not None else "prompt_token_ids"
     if not prompt_ids:
-        raise InvalidParams("prompt", "the prompt is empty after tokenization")
-    check_token_ids(prompt_ids, vocab_size, "prompt_token_ids")
-    if len(prompt_ids) >= max_context:
+        raise InvalidParams(field, "the prompt is empty after tokenization")
+    if len(prompt_ids) >= max_context:  # before the per-id check: it is cheaper
         raise InvalidParams(
-            "prompt",
+            field,
             f"prompt has {len(prompt_ids)} tokens; the model's context is "
             f"{max_context} tokens, which leaves no room to generate",
         )
+    check_token_ids(prompt_ids, vocab_size, "prompt_token_ids")
     max_tokens = p.max_tokens or min(default_max_tokens, max_context - len(prompt_ids))
     params = SamplingParams(
         max_tokens=max_tokens,

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import grpc
 
 from specdec.rpc import worker_pb2, worker_pb2_grpc
+from specdec.rpc.worker_secret import aio_client_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +121,15 @@ class WorkerClient:
         self.channel: grpc.aio.Channel | None = None
         self.stub: Any = None
         self.info: worker_pb2.WorkerInfo | None = None
+        self.telemetry = None  # latest specdec.rpc.telemetry.DeviceSample (router/rebalancer.py polls it)
         self.up = False
         self.restarts = 0  # address changes after a failure (a restarted actor)
+        self.down_since: float | None = None  # time.monotonic() when it went down
+        self.last_recovery_s: float | None = None  # how long its last recovery took (for RetryInfo)
         self.lock = asyncio.Lock()  # batch RPCs (Propose / Verify) go one at a time
         self._recovery: asyncio.Task | None = None
         self._closed = False
+        self._auth_warned = False
 
     @property
     def name(self) -> str:
@@ -138,7 +143,10 @@ class WorkerClient:
         if address == self.address and self.channel is not None:
             return
         old = self.channel
-        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        # every call carries the deployment's worker secret (specdec.rpc.worker_secret)
+        self.channel = grpc.aio.insecure_channel(
+            address, options=_CHANNEL_OPTIONS, interceptors=aio_client_interceptors()
+        )
         stub_cls = worker_pb2_grpc.DraftServiceStub if self.role == "draft" else worker_pb2_grpc.TargetServiceStub
         self.stub = stub_cls(self.channel)
         if self.address is not None and address != self.address:
@@ -154,6 +162,14 @@ class WorkerClient:
         try:
             self.info = await self.stub.Info(worker_pb2.InfoRequest(), timeout=10.0)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED and not self._auth_warned:
+                self._auth_warned = True
+                log.warning(
+                    "%s worker %s refused the router's worker secret: both must have the same "
+                    "SPECDEC_WORKER_SECRET (specdec serve passes its own to the workers it starts)",
+                    self.role,
+                    self.name,
+                )
             raise WorkerUnavailable(
                 f"{self.role} worker {self.name} at {address}: Info: {exc.code().name}: {exc.details()}"
             ) from None
@@ -172,6 +188,7 @@ class WorkerClient:
     def mark_down(self, why: str) -> None:
         if self.up:
             log.warning("%s worker %s (%s) is down: %s", self.role, self.name, self.address, why)
+            self.down_since = time.monotonic()
         self._set_up(False)
         self._ensure_recovery()
 
@@ -191,6 +208,8 @@ class WorkerClient:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
+            if self.down_since is not None:
+                self.last_recovery_s = time.monotonic() - self.down_since
             if self.restarts or time.monotonic() - t0 > 1:
                 log.info(
                     "%s worker %s is up at %s (after %.1f s)", self.role, self.name, self.address, time.monotonic() - t0

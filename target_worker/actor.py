@@ -24,6 +24,7 @@ import logging
 
 from specdec.rpc.worker_config import WorkerConfig
 from specdec.rpc.worker_host import WorkerHost, actor_options
+from specdec.rpc.worker_secret import current_secret
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +38,17 @@ class TargetWorker(WorkerHost):
 
     role = "target"
 
-    def __init__(self, config: dict | WorkerConfig):
+    def __init__(self, config: dict | WorkerConfig, secret: str | None = None):
         from specdec.rpc import worker_pb2_grpc
         from target_worker.servicer import SERVICE_NAME, build_target_servicer
 
         cfg = WorkerConfig.from_dict(config)
         self.servicer = build_target_servicer(cfg)
         super().__init__(
-            cfg, [(worker_pb2_grpc.add_TargetServiceServicer_to_server, self.servicer, SERVICE_NAME)], self.servicer
+            cfg,
+            [(worker_pb2_grpc.add_TargetServiceServicer_to_server, self.servicer, SERVICE_NAME)],
+            self.servicer,
+            secret=secret,
         )
 
 
@@ -65,4 +69,5 @@ def spawn_target_worker(
     opts = actor_options(
         placement, DEFAULT_RESOURCES, name=name, max_restarts=max_restarts, max_task_retries=max_task_retries
     )
-    return ray.remote(TargetWorker).options(**opts).remote(cfg.to_dict())
+    # the worker secret goes as an argument: a runtime_env's env_vars end up in Ray's log files
+    return ray.remote(TargetWorker).options(**opts).remote(cfg.to_dict(), current_secret())

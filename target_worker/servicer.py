@@ -1,7 +1,9 @@
-"""specdec.v1.TargetService over a TargetVerifier: Prefill, Verify, Release, Tokenize, Info.
+"""specdec.v1.TargetService over a TargetVerifier: Prefill, Verify, Release, Tokenize, Info, GetTokenizer.
 
 The servicer is a thin shell: it decodes and validates the messages (bad input is refused before
-the model is touched, so a bad item never leaves a batch half done), holds one lock around the
+the model is touched, so a bad item never leaves a batch half done; so is work no router round
+asks for: more sequences than KV slots, a draft longer than ``max_k``, more tokens than the
+context: INVALID_ARGUMENT), holds one lock around the
 runner (the gRPC thread pool calls concurrently), and lets the core do the work. Caches are keyed
 by request id and rebuilt from the committed tokens in every call (DESIGN.md invariant 1).
 """
@@ -16,18 +18,20 @@ import grpc
 
 from specdec.core.params import InvalidParams
 from specdec.core.prompts import encode_prompt
-from specdec.core.runner import ContextFull, SlotsExhausted
+from specdec.core.runner import SlotsExhausted
 from specdec.core.target import TargetVerifier, VerifyItem
+from specdec.core.tokenizer_spec import TokenizerSpec, export_tokenizer
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import WireSequence, draft_from_proto, outcome_to_proto, sequence_from_proto
 from specdec.rpc.errors import RpcStatusError, rpc_method
+from specdec.rpc.telemetry import WorkerMeter
 from specdec.rpc.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 
-__all__ = ["SERVICE_NAME", "TargetServicer", "build_target_servicer"]
+__all__ = ["SERVICE_NAME", "TargetServicer", "build_target_servicer", "target_servicer"]
 
 
 def _unique_ids(ids: Iterable[str], field: str) -> None:
@@ -48,24 +52,40 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         dtype: str,
         device: str,
         eos_token_ids: Iterable[int] = (),
+        max_k: int = 16,
     ):
         self.verifier = verifier
+        self.max_k = max_k
         self.runner = verifier.runner
         self.tokenizer = tokenizer
         self.model_name, self.dtype, self.device = model_name, dtype, device
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
         self.lock = threading.Lock()  # one model, one forward at a time
         self._tok_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
+        self.meter = WorkerMeter()  # busy time and telemetry (specdec.rpc.worker_host sets it up)
+        self._tok_spec: TokenizerSpec | None = None
+
+    @property
+    def tokenizer_spec(self) -> TokenizerSpec:
+        if self._tok_spec is None:  # exported once: the tokenizer never changes
+            with self._tok_lock:
+                self._tok_spec = export_tokenizer(self.tokenizer, self.eos_token_ids)
+        return self._tok_spec
 
     # ---- helpers -----------------------------------------------------------------------------
     def _check_context(self, seq: WireSequence, extra: int, field: str) -> None:
         need = len(seq.tokens) + extra
         if need > self.runner.max_len:
             what = f"{len(seq.tokens)} tokens" + (f" + {extra} draft tokens" if extra else "")
-            raise ContextFull(
-                f"{field}: request {seq.request_id!r} has {what}, more than the target's "
-                f"context of {self.runner.max_len} tokens"
+            raise InvalidParams(
+                field,
+                f"request {seq.request_id!r} has {what}, more than the target's context "
+                f"of {self.runner.max_len} tokens",
             )
+
+    def _check_batch(self, n: int, field: str) -> None:
+        if n > self.runner.num_slots:
+            raise InvalidParams(field, f"{n} sequences in one call; this worker has {self.runner.num_slots} KV slots")
 
     def _check_capacity(self, ids: list[str]) -> None:
         """Refuse the whole call up front when its new requests do not fit (free + idle slots)."""
@@ -87,11 +107,14 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             "num_slots": self.runner.num_slots,
             "free_slots": self.verifier.free_slots,
             "eos_token_ids": list(self.eos_token_ids),
+            "has_chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
+            "tokenizer_fingerprint": self.tokenizer_spec.fingerprint,
         }
 
     # ---- RPCs --------------------------------------------------------------------------------
     @rpc_method
     def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
+        self._check_batch(len(request.sequences), "sequences")
         vocab = self.runner.vocab_size
         seqs = [sequence_from_proto(s, vocab, "sequences") for s in request.sequences]
         _unique_ids((s.request_id for s in seqs), "sequences.request_id")
@@ -99,7 +122,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             self._check_context(s, 0, "sequences.tokens")
         if not seqs:
             return worker_pb2.PrefillResponse()
-        with self.lock:
+        with self.lock, self.meter.compute():
             self._check_capacity([s.request_id for s in seqs])
             self.verifier.prefill([(s.request_id, s.tokens, s.params) for s in seqs])
             cached = [self.runner.lengths[self.verifier.slots[s.request_id]] for s in seqs]
@@ -109,9 +132,13 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
 
     @rpc_method
     def Verify(self, request: worker_pb2.VerifyRequest, context) -> worker_pb2.VerifyResponse:
+        self._check_batch(len(request.items), "items")
         vocab = self.runner.vocab_size
         items = []
         for item in request.items:
+            if len(item.draft.tokens) > self.max_k:
+                n = len(item.draft.tokens)
+                raise InvalidParams("items.draft.tokens", f"{n} draft tokens; this worker takes at most {self.max_k}")
             seq = sequence_from_proto(item.sequence, vocab, "items.sequence")
             if item.draft.request_id and item.draft.request_id != seq.request_id:
                 raise InvalidParams(
@@ -124,7 +151,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         _unique_ids((i.request_id for i in items), "items.sequence.request_id")
         if not items:
             return worker_pb2.VerifyResponse()
-        with self.lock:
+        with self.lock, self.meter.compute():
             self._check_capacity([i.request_id for i in items])
             results = self.verifier.verify(items)
         return worker_pb2.VerifyResponse(outcomes=[outcome_to_proto(i.request_id, r) for i, r in zip(items, results)])
@@ -140,7 +167,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         return worker_pb2.ReleaseResponse(released=released)
 
     @rpc_method
-    def Tokenize(self, request: worker_pb2.TokenizeRequest, context) -> worker_pb2.TokenizeResponse:
+    def Tokenize(self, request: worker_pb2.TokenizeTextRequest, context) -> worker_pb2.TokenizeTextResponse:
         if request.chat and not getattr(self.tokenizer, "chat_template", None):
             raise RpcStatusError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -148,11 +175,23 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             )
         with self._tok_lock:
             ids = encode_prompt(self.tokenizer, request.text, request.chat)
-        return worker_pb2.TokenizeResponse(token_ids=[int(t) for t in ids])
+        return worker_pb2.TokenizeTextResponse(token_ids=[int(t) for t in ids])
 
     @rpc_method
     def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:
-        return worker_pb2.WorkerInfo(**self.info_dict())
+        return worker_pb2.WorkerInfo(**self.info_dict(), telemetry=self.meter.telemetry())
+
+    @rpc_method
+    def GetTokenizer(self, request: worker_pb2.GetTokenizerRequest, context) -> worker_pb2.GetTokenizerResponse:
+        spec = self.tokenizer_spec
+        return worker_pb2.GetTokenizerResponse(
+            tokenizer_json=spec.tokenizer_json,
+            chat_template=spec.chat_template,
+            special_token_ids=spec.special_token_ids,
+            eos_token_ids=spec.eos_token_ids,
+            fingerprint=spec.fingerprint,
+            clean_up_tokenization_spaces=spec.clean_up_tokenization_spaces,
+        )
 
 
 def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:
@@ -169,6 +208,11 @@ def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:
         torch.set_num_threads(cfg.threads)
     loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     runner = ModelRunner(loaded.model, num_slots=cfg.num_slots, max_len=cfg.max_len)
+    return target_servicer(cfg, loaded, runner)
+
+
+def target_servicer(cfg: WorkerConfig, loaded, runner) -> TargetServicer:
+    """A TargetServicer over ``runner`` (a ModelRunner, or a tensor-parallel group's leader)."""
     log.info(
         "target worker: %s (%s, %s), %d slots x %d tokens",
         cfg.model,
@@ -184,4 +228,5 @@ def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:
         dtype=cfg.dtype,
         device=loaded.device.type,
         eos_token_ids=loaded.eos_token_ids,
+        max_k=cfg.max_k,
     )

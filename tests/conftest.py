@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import secrets
 
 import pytest
 import torch
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray's token auth on, with a token made for this test session (DESIGN.md, conventions).
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+# The router <-> worker shared secret, one per session as `specdec serve` makes one per start:
+# the workers the tests spawn require it (specdec.rpc.worker_secret).
+os.environ.setdefault("SPECDEC_WORKER_SECRET", secrets.token_urlsafe(32))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

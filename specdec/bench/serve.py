@@ -30,6 +30,7 @@ import grpc
 from specdec.bench.stats import percentile
 from specdec.core.prompts import Prompt
 from specdec.rpc.client import SpecdecClient
+from specdec.rpc.client_credentials import ClientCredentials
 
 log = logging.getLogger(__name__)
 
@@ -331,9 +332,9 @@ def _sum_splits(pairs: list[tuple[dict | None, dict | None]]) -> dict | None:
     return _phase_split(total_before, total_after)
 
 
-def server_info(address: str) -> dict[str, Any]:
+def server_info(address: str, credentials: ClientCredentials | None = None) -> dict[str, Any]:
     """What the service serves (ListModels): target, draft, dtype, device."""
-    with SpecdecClient(address, wait_ready=30.0) as client:
+    with SpecdecClient(address, wait_ready=30.0, credentials=credentials) as client:
         try:
             models = client.list_models()
         except grpc.RpcError as exc:
@@ -359,6 +360,7 @@ def bench_serve(
     progress: Callable[[str], None] | None = None,
     engine: Any = None,
     encode: Callable[[Prompt], list[int]] | None = None,
+    credentials: ClientCredentials | None = None,
 ) -> dict[str, Any]:
     """Run the scenarios. ``engine``: an object with ``one(prompt, max_tokens) -> record`` and a
     ``config`` dict (the single-process engine, run by the CLI), interleaved into closed c=1.
@@ -367,8 +369,8 @@ def bench_serve(
     progress = progress or (lambda msg: None)
     if not prompts:
         raise BenchError("no prompts")
-    info = server_info(address)
-    client = SpecdecClient(address, wait_ready=30.0)
+    info = server_info(address, credentials)
+    client = SpecdecClient(address, wait_ready=30.0, credentials=credentials)
     url = options.metrics_url
     if url == "auto":
         url = f"http://{address.rsplit(':', 1)[0]}:9400/metrics"

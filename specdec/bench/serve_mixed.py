@@ -19,6 +19,7 @@ from typing import Any
 from specdec.bench.stats import percentile
 from specdec.core.prompts import Prompt
 from specdec.rpc.client import SpecdecClient
+from specdec.rpc.client_credentials import ClientCredentials
 
 __all__ = ["MixedOptions", "bench_mixed", "format_mixed"]
 
@@ -44,8 +45,9 @@ def _long_prompt(encode: Callable[[Prompt], list[int]], prompts: Sequence[Prompt
     return ids[:n]
 
 
-def _stream(client: SpecdecClient, ids: list[int], max_tokens: int, timeout: float) -> dict[str, Any]:
-    rec: dict[str, Any] = {"t_start": time.perf_counter(), "times": [], "token_ids": [], "error": None}
+def _stream(client: SpecdecClient, ids: list[int], max_tokens: int, timeout: float, rec: dict[str, Any]) -> None:
+    """One greedy streamed request; ``rec`` fills as chunks arrive (readable from other threads)."""
+    rec.update(t_start=time.perf_counter(), times=[], token_ids=[], error=None)
     try:
         for ch in client.generate_stream(
             prompt_token_ids=ids, max_tokens=max_tokens, temperature=0.0, ignore_eos=True, timeout=timeout
@@ -56,50 +58,69 @@ def _stream(client: SpecdecClient, ids: list[int], max_tokens: int, timeout: flo
     except Exception as exc:  # noqa: BLE001 - a failed request is reported, not fatal to the benchmark
         rec["error"] = str(exc)
     rec["t_end"] = time.perf_counter()
-    return rec
 
 
-def _one_run(address: str, stream_ids: list[list[int]], long_ids: list[list[int]], o: MixedOptions) -> dict:
-    client = SpecdecClient(address, wait_ready=60.0)
-    streams: list[dict] = [{} for _ in stream_ids]
+def _one_run(
+    address: str, stream_ids: list[list[int]], long_ids: list[list[int]], o: MixedOptions, credentials=None
+) -> dict:
+    """The streams run closed loop (a new request when one ends) until the burst has finished."""
+    client = SpecdecClient(address, wait_ready=60.0, credentials=credentials)
+    streams: list[list[dict]] = [[] for _ in stream_ids]
     longs: list[dict] = [{} for _ in long_ids]
+    burst_done = threading.Event()
 
     def run_stream(i: int) -> None:
-        streams[i] = _stream(client, stream_ids[i], o.stream_tokens, o.timeout)
-
-    def run_long(i: int) -> None:
-        longs[i] = _stream(client, long_ids[i], o.long_max_tokens, o.timeout)
+        while True:
+            rec: dict[str, Any] = {}
+            streams[i].append(rec)
+            _stream(client, stream_ids[i], o.stream_tokens, o.timeout, rec)
+            if burst_done.is_set() or rec["error"]:
+                return
 
     threads = [threading.Thread(target=run_stream, args=(i,), daemon=True) for i in range(len(stream_ids))]
     for t in threads:
         t.start()
     t_wait = time.perf_counter() + o.timeout
-    while not all(s.get("times") or "t_end" in s for s in streams) and time.perf_counter() < t_wait:
+    while not all(s and s[0].get("times") for s in streams) and time.perf_counter() < t_wait:
         time.sleep(0.01)  # every stream is decoding (its first chunk came)
     t_burst = time.perf_counter()
-    burst = [threading.Thread(target=run_long, args=(i,), daemon=True) for i in range(len(long_ids))]
+    burst = [
+        threading.Thread(target=_stream, args=(client, ids, o.long_max_tokens, o.timeout, longs[i]), daemon=True)
+        for i, ids in enumerate(long_ids)
+    ]
     for t in burst:
         t.start()
-    for t in burst + threads:
+    for t in burst:
+        t.join(timeout=o.timeout)
+    burst_done.set()
+    for t in threads:
         t.join(timeout=o.timeout)
     client.close()
     t_done = max((r.get("t_end", t_burst) for r in longs), default=t_burst)
-    gaps = []
-    for s in streams:
-        times = s.get("times", [])
-        gaps += [b - a for a, b in zip(times, times[1:]) if b > t_burst and a < t_done]
+    gaps, short_ttft = [], []
+    for recs in streams:
+        for rec in recs:
+            times = rec.get("times", [])
+            gaps += [b - a for a, b in zip(times, times[1:]) if b > t_burst and a < t_done]
+            if rec is not recs[0] and times and rec["t_start"] < t_done:
+                short_ttft.append(times[0] - rec["t_start"])
     firsts = [r["times"][0] - r["t_start"] for r in longs if r.get("times")]
     finish = [r["t_end"] - t_burst for r in longs if "t_end" in r]
     return {
         "gap_s_p50": _r(percentile(gaps, 50)),
         "gap_s_p99": _r(percentile(gaps, 99)),
         "gap_s_max": _r(max(gaps, default=None)),
+        "stream_ttft_s_max": _r(max(short_ttft, default=None)),  # new short requests during the burst
         "long_ttft_s_mean": _r(sum(firsts) / len(firsts)) if firsts else None,
         "long_finish_s_max": _r(max(finish, default=None)),
         "burst_window_s": _r(t_done - t_burst),
-        "stream_tokens": [s.get("token_ids", []) for s in streams],
-        "errors": [r["error"] for r in streams + longs if r.get("error")],
+        "stream_tokens": [recs[0].get("token_ids", []) for recs in streams],
+        "errors": [r["error"] for r in [x for recs in streams for x in recs] + longs if r.get("error")],
     }
+
+
+def _mean(xs: list[float]) -> float | None:
+    return _r(sum(xs) / len(xs)) if xs else None
 
 
 def _r(x: float | None) -> float | None:
@@ -112,6 +133,7 @@ def bench_mixed(
     encode: Callable[[Prompt], list[int]],
     options: MixedOptions,
     progress: Callable[[str], None] | None = None,
+    credentials: ClientCredentials | None = None,
 ) -> dict[str, Any]:
     """Run the mixed workload on each server (``{label: address}``), alternating, ``repeat`` times."""
     progress = progress or (lambda msg: None)
@@ -125,14 +147,21 @@ def bench_mixed(
                 for i in range(options.long_prompts)
             ]
             progress(f"{label} ({address}): run {rep + 1}/{options.repeat}")
-            runs[label].append(_one_run(address, stream_ids, long_ids, options))
+            runs[label].append(_one_run(address, stream_ids, long_ids, options, credentials))
     first = next(iter(servers))
     reference = runs[first][0]["stream_tokens"]
     result = {"options": options.__dict__, "servers": servers, "runs": runs, "summary": {}}
     for label, rs in runs.items():
         result["summary"][label] = {
-            key: _r(sum(r[key] for r in rs if r[key] is not None) / max(1, sum(r[key] is not None for r in rs)))
-            for key in ("gap_s_p50", "gap_s_p99", "gap_s_max", "long_ttft_s_mean", "long_finish_s_max")
+            key: _mean([r[key] for r in rs if r[key] is not None])
+            for key in (
+                "gap_s_p50",
+                "gap_s_p99",
+                "gap_s_max",
+                "stream_ttft_s_max",
+                "long_ttft_s_mean",
+                "long_finish_s_max",
+            )
         }
         result["summary"][label]["gap_s_max_worst"] = max((r["gap_s_max"] or 0.0) for r in rs)
         result["summary"][label]["streams_equal_to_" + first] = all(r["stream_tokens"] == reference for r in rs)
@@ -151,15 +180,16 @@ def format_mixed(result: dict[str, Any]) -> str:
         f"mixed workload: {o['streams']} short stream(s) of {o['stream_tokens']} tokens; a burst of "
         f"{o['long_prompts']} prompts of {o['long_tokens']} tokens ({o['repeat']} run(s) per server, alternating)",
         "",
-        "| server | stream gap p50 s | p99 s | max s (worst run) | burst TTFT s | burst finish s | finish ratio | "
-        "streams unchanged | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| server | stream gap p50 s | p99 s | max s (worst run) | new stream TTFT max s | burst TTFT s | "
+        "burst finish s | finish ratio | streams unchanged | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for label, s in result["summary"].items():
         ratio = next((v for k, v in s.items() if k.startswith("long_finish_vs_")), None)
         same = next((v for k, v in s.items() if k.startswith("streams_equal_to_")), None)
         lines.append(
-            f"| {label} | {s['gap_s_p50']} | {s['gap_s_p99']} | {s['gap_s_max_worst']} | {s['long_ttft_s_mean']} | "
+            f"| {label} | {s['gap_s_p50']} | {s['gap_s_p99']} | {s['gap_s_max_worst']} | {s['stream_ttft_s_max']} | "
+            f"{s['long_ttft_s_mean']} | "
             f"{s['long_finish_s_max']} | {ratio if ratio is not None else '-'} | {same} | {s['errors']} |"
         )
     return "\n".join(lines)

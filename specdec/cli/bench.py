@@ -13,6 +13,21 @@ from specdec.core.dtypes import DTYPE_NAMES
 def _bench_runner(args: argparse.Namespace) -> int:
     from specdec.bench.runner import bench_runner, format_sweep, format_table, forward_sweep
 
+    if args.tp > 1:
+        from specdec.bench.tp import bench_tp, format_tp_table
+
+        result = bench_tp(
+            args.model,
+            args.tp,
+            dtype=args.dtype,
+            context_len=args.context,
+            repeat=args.repeat,
+            threads=args.threads,
+            lm_heads=args.lm_head,
+            progress=lambda name: print(f"... {name}", file=sys.stderr),
+        )
+        print(json.dumps(result, indent=2) if args.json else format_tp_table(result))
+        return 0
     if args.tokens_sweep:
         result = forward_sweep(
             args.model,
@@ -133,6 +148,20 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "--as-draft",
         action="store_true",
         help="with --tokens-sweep: build the runner as drafters do (int8 weights, vocabulary subset)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="instead: the runner at TP N beside TP 1 (same total threads), with the all-reduce share",
+    )
+    p.add_argument(
+        "--lm-head",
+        type=lambda t: tuple(x for x in t.split(",") if x),
+        default=("split", "replicated"),
+        metavar="MODE,...",
+        help="with --tp: lm_head modes to measure (split, replicated)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_bench_runner)

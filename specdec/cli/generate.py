@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from specdec.cli.credentials import add_client_credential_args
 from specdec.core.draft_options import add_draft_option_flags, draft_options_from_args
 from specdec.core.dtypes import DTYPE_NAMES
 
@@ -56,14 +57,18 @@ def _run_local(args: argparse.Namespace) -> dict:
         k_policy=KPolicy(k=args.k, adaptive=args.adaptive_k),
         verify_mode=args.verify,
         draft_options=draft_options_from_args(args),
+        tensor_parallel=args.tp,
     )
     load_s = time.perf_counter() - t0
     from specdec.core.prompts import encode_prompt
 
-    prompt = encode_prompt(parts.target.tokenizer, args.prompt, args.chat)
-    t0 = time.perf_counter()
-    (result,) = engine.generate([prompt], params)
-    gen_s = time.perf_counter() - t0
+    try:
+        prompt = encode_prompt(parts.target.tokenizer, args.prompt, args.chat)
+        t0 = time.perf_counter()
+        (result,) = engine.generate([prompt], params)
+        gen_s = time.perf_counter() - t0
+    finally:
+        parts.close()
     n = len(result.token_ids)
     return {
         "text": result.text,
@@ -90,6 +95,7 @@ def _run_remote(args: argparse.Namespace) -> dict:
     """
     import grpc
 
+    from specdec.cli.credentials import client_credentials
     from specdec.rpc.client import SpecdecClient
 
     draft = (args.draft or "").lower()
@@ -110,7 +116,11 @@ def _run_remote(args: argparse.Namespace) -> dict:
         verify_mode=args.verify,
     )
     try:
-        with SpecdecClient(args.server) as client:
+        credentials = client_credentials(args)
+    except (ValueError, OSError) as exc:
+        raise RemoteError(f"credentials: {exc}") from None
+    try:
+        with SpecdecClient(args.server, credentials=credentials) as client:
             t0 = time.perf_counter()
             out = client.generate(args.prompt, **kwargs)
             gen_s = time.perf_counter() - t0
@@ -129,6 +139,16 @@ def _run_remote(args: argparse.Namespace) -> dict:
     }
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 class RemoteError(RuntimeError):
     """The server refused or failed the request (message: address, status code, details)."""
 
@@ -141,7 +161,13 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     else:
-        out = _run_local(args)
+        from specdec.core.tp import TPError
+
+        try:
+            out = _run_local(args)
+        except TPError as exc:  # --tp that the model's heads do not allow
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps(out))
     else:
@@ -176,6 +202,8 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES)
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-context", type=int, default=4096, help="KV-cache length per sequence")
+    p.add_argument("--tp", type=_positive, default=1, help="tensor-parallel ranks for the target (local processes)")
     p.add_argument("--server", default=None, metavar="HOST:PORT", help="send the request to a running service")
+    add_client_credential_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_generate)

@@ -15,8 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from specdec.cli.bench import add_bench
+from specdec.cli.bench_rebalance import add_bench_rebalance
 from specdec.cli.exit_codes import FAILED, OK, USAGE
 from specdec.cli.generate import add_generate
+from specdec.cli.log_format import TEXT_FORMAT
 from specdec.cli.plan import add_plan
 from specdec.cli.serve import add_serve
 from specdec.core import pack_prepare, packs
@@ -99,6 +101,7 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_generate,
     add_bench,
     add_serve,
+    add_bench_rebalance,
     add_plan,
 ]
 
@@ -114,9 +117,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=TEXT_FORMAT)
     try:
         return args.func(args)
     except packs.PackError as exc:  # a message a person can act on, not a stack trace

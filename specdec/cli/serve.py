@@ -12,7 +12,14 @@ import logging
 import sys
 import time
 
+from specdec.cli.credentials import (
+    add_client_credential_args,
+    add_server_security_args,
+    client_credentials,
+    security_overrides,
+)
 from specdec.cli.exit_codes import FAILED, OK, USAGE
+from specdec.cli.log_format import LOG_FORMATS, set_log_format
 from specdec.core.dtypes import DTYPE_NAMES
 
 log = logging.getLogger(__name__)
@@ -32,10 +39,13 @@ def _load_serve_config(args: argparse.Namespace):
         port=args.port,
         metrics_port=args.metrics_port,
         address=args.address,
+        tensor_parallel=args.tp,
+        security=security_overrides(args),
     )
 
 
 def _serve(args: argparse.Namespace) -> int:
+    set_log_format(args.log_format)
     try:
         cfg = _load_serve_config(args)
     except ValueError as exc:
@@ -50,6 +60,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         return serve(cfg)
+    except ValueError as exc:  # the config cannot work (tensor_parallel vs the heads, a bad certificate, ...)
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE
     except RuntimeError as exc:  # a worker failed to start: say why, no stack trace
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
@@ -81,7 +94,21 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="Ray cluster to join ('auto' = the running one); default: an embedded local cluster",
     )
+    p.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="log lines as text or JSON objects (the access log, logger specdec.access, gives its fields)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="target.tensor_parallel: ranks per target worker (whole heads each; one node)",
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    add_server_security_args(p)
     p.set_defaults(func=_serve)
 
 
@@ -184,7 +211,7 @@ def _bench_mixed(args: argparse.Namespace, prompts) -> int:
 
     servers = _servers(args.server)
     try:
-        info = bs.server_info(next(iter(servers.values())))
+        info = bs.server_info(next(iter(servers.values())), args.credentials)
     except (ConnectionError, bs.BenchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
@@ -206,6 +233,7 @@ def _bench_mixed(args: argparse.Namespace, prompts) -> int:
         lambda p: encode_prompt(tokenizer, p),
         options,
         progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+        credentials=args.credentials,
     )
     result["server"] = info
     print(format_mixed(result))
@@ -222,11 +250,16 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
     try:
         prompts = load_prompts(args.prompts)
-    except PromptSetError as exc:
+        args.credentials = client_credentials(args)
+    except (PromptSetError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
     if args.workload == "mixed":
         return _bench_mixed(args, prompts)
+    if args.workload == "soak":
+        from specdec.cli.bench_soak import bench_soak
+
+        return bench_soak(args, prompts, next(iter(_servers(args.server).values())), _local_tokenizer)
     args.server = next(iter(_servers(args.server).values()))
     options = bs.BenchOptions(
         max_tokens=args.max_tokens,
@@ -245,7 +278,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
     engine = encode = None
     try:
-        info = bs.server_info(args.server)
+        info = bs.server_info(args.server, args.credentials)
         if args.engine:
             progress(f"loading the single-process engine ({args.engine_target or info['target']}) in this process")
             engine = _EngineRunner(args, info)
@@ -261,7 +294,9 @@ def _bench_serve(args: argparse.Namespace) -> int:
                 return encode_prompt(tokenizer, prompt)
         else:
             progress("the target's tokenizer is not available here: sending prompt text (the server tokenizes)")
-        result = bs.bench_serve(args.server, prompts, options, progress=progress, engine=engine, encode=encode)
+        result = bs.bench_serve(
+            args.server, prompts, options, progress=progress, engine=engine, encode=encode, credentials=args.credentials
+        )
     except (ConnectionError, bs.BenchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
@@ -300,10 +335,14 @@ def _add_bench_serve_parser(bsub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--workload",
-        choices=["standard", "mixed"],
+        choices=["standard", "mixed", "soak"],
         default="standard",
-        help="standard: closed loop and Poisson scenarios; mixed: a burst of long prompts among short streams",
+        help="standard: closed loop and Poisson scenarios; mixed: a burst of long prompts among short streams; "
+        "soak: minutes of mixed load with cancels and deadlines, memory and KV slots over time",
     )
+    p.add_argument("--soak-minutes", type=float, default=5.0, help="soak: how long")
+    p.add_argument("--clients", type=int, default=4, help="soak: concurrent clients")
+    p.add_argument("--sample-s", type=float, default=15.0, help="soak: seconds between samples")
     p.add_argument("--streams", type=int, default=1, help="mixed: concurrent short streams")
     p.add_argument("--long-prompts", type=int, default=4, help="mixed: long prompts in the burst")
     p.add_argument("--long-tokens", type=int, default=3000, help="mixed: tokens per long prompt")
@@ -358,6 +397,7 @@ def _add_bench_serve_parser(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--k-max", type=int, default=12)
     p.add_argument("--fixed-k", action="store_true", help="engine: fixed k instead of adaptive")
     p.add_argument("--json", default=None, metavar="OUT", help="write the full result here")
+    add_client_credential_args(p)
     p.set_defaults(func=_bench_serve)
 
 

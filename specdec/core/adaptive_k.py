@@ -47,6 +47,11 @@ class AdaptiveK:
         self._rej = self.prior_weight * (1.0 - self.prior_acceptance)
 
     @property
+    def evidence(self) -> tuple[float, float]:
+        """(accepted tokens, rejections), decayed, prior included: the MLE's counts."""
+        return self._acc, self._rej
+
+    @property
     def acceptance(self) -> float:
         """Current estimate of per-token acceptance."""
         total = self._acc + self._rej

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specdec.core.draft_options import DraftOptions
 from specdec.core.drafters import Drafter, ModelDrafter, NgramProposer, NoDrafter
@@ -11,6 +12,9 @@ from specdec.core.engine import KPolicy, SpecEngine
 from specdec.core.models import LoadedModel, load_model
 from specdec.core.ngram import NgramDrafter
 from specdec.core.runner import ModelRunner
+
+if TYPE_CHECKING:
+    from specdec.core.tp_group import LocalGroup
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +32,11 @@ class EngineParts:
     target_runner: ModelRunner
     draft: LoadedModel | None
     drafter: Drafter
+    group: LocalGroup | None = None  # the target's tensor-parallel ranks; close() when done
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
 
 
 def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
@@ -49,8 +58,14 @@ def make_draft_runner(
     vocab = None
     if options.vocab and options.vocab < draft.model.config.vocab_size:
         vocab = frequency_ranked_vocab(draft.tokenizer, options.vocab)
+    # A draft's numbers may change (the target verifies): it takes the fast forward.
     return ModelRunner(
-        draft.model, num_slots=num_slots, max_len=max_len, weight_quant=options.quant, vocab_subset=vocab
+        draft.model,
+        num_slots=num_slots,
+        max_len=max_len,
+        weight_quant=options.quant,
+        vocab_subset=vocab,
+        invariant_numerics=False,
     )
 
 
@@ -95,11 +110,23 @@ def build_engine(
     k_policy: KPolicy | None = None,
     verify_mode: str | None = None,
     draft_options: DraftOptions | None = None,
+    tensor_parallel: int = 1,
 ) -> tuple[SpecEngine, EngineParts]:
+    """`tensor_parallel` > 1 shards the target over that many ranks: this process and child processes
+    (they split the cores); call ``parts.close()`` when done."""
     tgt = load_model(target, dtype=dtype, device=device)
     runner = ModelRunner(tgt.model, num_slots=num_slots, max_len=max_len)
+    group = None
+    if tensor_parallel > 1:
+        import torch
+
+        from specdec.core.tp_group import GroupSpec, LocalGroup
+
+        group = LocalGroup(GroupSpec(target, tensor_parallel, dtype, device, num_slots, max_len))
+        torch.set_num_threads(group.threads)
+        runner = group.start(runner)
     draft_model, drafter = make_drafter(draft, tgt, dtype, device, num_slots, max_len, draft_options)
     engine = SpecEngine(
         runner, tgt.tokenizer, drafter, k_policy=k_policy, eos_token_ids=tgt.eos_token_ids, verify_mode=verify_mode
     )
-    return engine, EngineParts(tgt, runner, draft_model, drafter)
+    return engine, EngineParts(tgt, runner, draft_model, drafter, group)

@@ -114,14 +114,17 @@ class ModelDrafter:
         # ...up to a point: the int8 CPU kernel works in blocks of 4 rows, a fifth row costs a second
         # block (`specdec bench runner --as-draft --tokens-sweep`, bench/NOTES.md).
         self.cheap_rows = cheap_rows
-        self.guess_budget: dict[str, int] = {}  # per request: 1 after a miss, max_guesses after a hit
-        self.slots = SlotTable(runner)
+        # Per request, living and dying with its slot (SlotTable.on_free):
+        self.guess_budget: dict[str, int] = {}  # 1 after a miss, max_guesses after a hit
         self.generators: dict[str, torch.Generator] = {}
+        self.slots = SlotTable(runner, on_free=self._forget)
+
+    def _forget(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
+        self.guess_budget.pop(request_id, None)
 
     def release(self, request_id: str) -> None:
         self.slots.release(request_id)
-        self.generators.pop(request_id, None)
-        self.guess_budget.pop(request_id, None)
 
     def _slot(self, inp: DraftInput, busy: set[str]) -> int | None:
         try:

@@ -96,3 +96,14 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str | to
         ) from exc
     model.to(torch_device).eval()
     return LoadedModel(spec, model, tokenizer, torch_dtype, torch_device)
+
+
+def load_config(spec: str):
+    """The transformers config of a model spec, without loading its weights."""
+    from transformers import AutoConfig
+
+    source, gguf_file = _resolve(spec)
+    try:
+        return AutoConfig.from_pretrained(source, **({"gguf_file": gguf_file} if gguf_file else {}))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read the config of {spec!r}: {exc}") from exc

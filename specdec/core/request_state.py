@@ -64,6 +64,31 @@ class KPolicy:
 
 
 @dataclass
+class LineFit:
+    """A least-squares line y = a + b x through recent (x, y) points (exponentially weighted
+    moments, ``weight`` per new point); no line until the x values have spread."""
+
+    weight: float = 0.05
+    _moments: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)  # 1, x, y, x^2, x y
+
+    def add(self, x: float, y: float) -> None:
+        for i, v in enumerate((1.0, x, y, x * x, x * y)):
+            self._moments[i] += self.weight * (v - self._moments[i])
+
+    def line(self, at: float = 0.0) -> tuple[float, float] | None:
+        """(y at x = ``at``, slope); None while the points' x values have a variance below 0.25."""
+        w, x, y, xx, xy = self._moments
+        if w <= 0:
+            return None
+        x, y, xx, xy = x / w, y / w, xx / w, xy / w
+        var = xx - x * x
+        if var < 0.25:
+            return None
+        slope = (xy - x * y) / var
+        return y - slope * (x - at), slope
+
+
+@dataclass
 class CostMeter:
     """Measured costs of a round, in units of a target step, for the adaptive choice of k.
 
@@ -77,30 +102,31 @@ class CostMeter:
 
     c: float = 0.4
     weight: float = 0.2  # of each new round, for c
-    line_weight: float = 0.05  # for the verify line: a longer memory, to span many sizes
-    _moments: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)  # 1, n, t, n^2, n t
+    line_weight: float = 0.05  # for the lines: a longer memory, to span many sizes
+    verify: LineFit = field(default=None, repr=False)  # verify seconds by tokens verified
+
+    def __post_init__(self) -> None:
+        self.verify = self.verify or LineFit(self.line_weight)
 
     def update(self, draft_seconds: float, draft_steps: int, verify_seconds: float, verified_tokens: int = 0) -> float:
         if draft_steps > 0 and verify_seconds > 0:
             sample = (draft_seconds / draft_steps) / verify_seconds
             self.c += self.weight * (sample - self.c)
         if verified_tokens > 0 and verify_seconds > 0:
-            n, t = float(verified_tokens), verify_seconds
-            for i, x in enumerate((1.0, n, t, n * n, n * t)):
-                self._moments[i] += self.line_weight * (x - self._moments[i])
+            self.verify.add(float(verified_tokens), verify_seconds)
         return self.c
+
+    def line(self) -> tuple[float, float] | None:
+        """(one-token verify seconds, seconds per extra verified token) through recent rounds; None
+        until rounds of different sizes have been seen (the rebalancer's goodput model uses it)."""
+        return self.verify.line(at=1.0)
 
     @property
     def r(self) -> float:
-        w, n, t, nn, nt = self._moments
-        if w <= 0:
+        fit = self.line()
+        if fit is None:
             return 0.0
-        n, t, nn, nt = n / w, t / w, nn / w, nt / w
-        var = nn - n * n
-        if var < 0.25:  # all rounds (nearly) the same size: no slope to see
-            return 0.0
-        slope = (nt - n * t) / var
-        one_token = t - slope * (n - 1.0)
+        one_token, slope = fit
         return min(max(slope / one_token, 0.0), 1.0) if one_token > 0 else 0.0
 
     @property
@@ -144,11 +170,14 @@ class RequestState:
     def text(self) -> str:
         return self.stops.text
 
-    def next_k(self, max_context: int, cost_ratio: float | None = None) -> int:
-        """Draft length for the next round, bounded by what may still be emitted and by the context."""
+    def next_k(self, max_context: int, cost_ratio: float | None = None, k_range: tuple[int, int] | None = None) -> int:
+        """Draft length for the next round, bounded by what may still be emitted and by the context
+        (and, for an adaptive request, by ``k_range``: the rebalancer's depth level)."""
         if self.adaptive is not None and cost_ratio is not None:
             self.adaptive.c = cost_ratio
         k = self.adaptive.next_k() if self.adaptive is not None else self.fixed_k
+        if self.adaptive is not None and k_range is not None:
+            k = min(max(k, k_range[0]), k_range[1])
         remaining = self.params.max_tokens - len(self.generated) - 1  # the target adds one token itself
         return max(0, min(k, remaining, max_context - len(self.tokens)))
 

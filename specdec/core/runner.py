@@ -6,9 +6,10 @@ multi-token verify for a ragged batch in one forward. The KV cache is allocated 
 `num_slots` x `max_len` tokens; a request owns a slot, and rolling back rejected tokens only
 rewinds the slot's length.
 
-Tensor parallelism is meant to be a transform on this runner: it would shard the per-layer weights
-(q/k/v/gate/up by output rows, o/down by input columns), divide the head counts, and set
-`all_reduce` to sum the partial outputs of o_proj and down_proj across ranks.
+Tensor parallelism is a transform on this runner (specdec/core/tp.py): it shards the per-layer
+weights (q/k/v/gate/up by output rows, o/down by input columns), divides the head counts, and sets
+the hooks `all_reduce` (sums the partial outputs of o_proj and down_proj across ranks) and
+`gather_logits` (joins the vocabulary slices of a split lm_head).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.core.attention import gemm_rows, hidden_keys_bias, invariant_attention, padded_span, query_width
 from specdec.core.quant import Int8Weight, int8_supported, linear, quantize_int8
 
 log = logging.getLogger(__name__)
@@ -116,10 +118,13 @@ class ModelRunner:
         all_reduce: Callable[[torch.Tensor], None] | None = None,
         weight_quant: str | None = None,
         vocab_subset: Sequence[int] | None = None,
+        invariant_numerics: bool = True,
     ):
         """`weight_quant="int8"` and `vocab_subset` (the token ids the lm_head may produce) make a
         cheaper drafter; logits of tokens outside the subset come back as -inf. Never use them on
-        a target: its outputs must not change."""
+        a target: its outputs must not change. `invariant_numerics` is the default of `forward`'s
+        `invariant`: a target needs it for lossless greedy and seeded output in every dtype; a
+        drafter does not (its numbers may change), and int8 weights are never invariant."""
         _check_supported(model)
         config = model.config
         self.config = config
@@ -130,6 +135,7 @@ class ModelRunner:
         self.num_kv_heads = config.num_key_value_heads
         self.eps = config.rms_norm_eps
         self.all_reduce = all_reduce
+        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
 
         base = model.model
         self.embed = base.embed_tokens.weight.detach()
@@ -149,7 +155,9 @@ class ModelRunner:
         elif weight_quant not in (None, "none", "int8"):
             raise RunnerError(f"weight_quant must be None or 'int8', got {weight_quant!r}")
 
-        shape = (len(self.layers), num_slots, self.num_kv_heads, max_len, self.head_dim)
+        self.invariant_numerics = invariant_numerics and not any(isinstance(w.q, Int8Weight) for w in self.layers)
+        # Whole key blocks: the invariant attention reads past max_len up to the next block boundary.
+        shape = (len(self.layers), num_slots, self.num_kv_heads, padded_span(max_len), self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.lengths = [0] * num_slots
@@ -206,14 +214,129 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(
-        self, slots: Sequence[int], tokens: Sequence[Sequence[int]], num_logits: int | Sequence[int] = 1
+        self,
+        slots: Sequence[int],
+        tokens: Sequence[Sequence[int]],
+        num_logits: int | Sequence[int] = 1,
+        invariant: bool | None = None,
     ) -> list[torch.Tensor]:
         """Append `tokens[b]` to slot `slots[b]` and return logits [num_logits_b, vocab] per row.
 
         Rows may have different lengths and different cache lengths (prefill, decode and verify
         mixed in one batch). `num_logits` counts positions from the end of each row; 0 skips the
-        lm_head for that row (e.g. a prefill whose logits are not needed).
+        lm_head for that row (e.g. a prefill whose logits are not needed). `invariant` (default: the
+        runner's `invariant_numerics`) makes every token's logits and KV bitwise independent of the
+        rest of the forward: its row's length, the other rows, padding.
         """
+        invariant = self.invariant_numerics if invariant is None else invariant
+        batch = _Batch.plan(self, slots, tokens, num_logits, invariant)
+        dev, n, rows = self.device, batch.tokens, batch.rows
+
+        ids = torch.zeros(rows, dtype=torch.long)
+        ids[:n] = torch.as_tensor([t for row in tokens for t in row], dtype=torch.long)
+        if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
+            raise RunnerError(f"token ids must be in [0, {self.vocab_size})")
+        ids = ids.to(dev)
+        positions = torch.zeros(rows, dtype=torch.long, device=dev)
+        positions[:n] = batch.pack(batch.positions)
+        write_slot = batch.slot_t.repeat_interleave(batch.lens_t)
+        bias = hidden_keys_bias(batch.positions, padded_span(batch.span)) if invariant else None
+
+        x = F.embedding(ids, self.embed)  # [rows, hidden]: the tokens of all rows, packed
+        cos, sin = self.rotary(x, positions.clamp_max(self.max_len - 1)[None])
+        cos, sin = cos[0, :, None], sin[0, :, None]  # [rows, 1, D]
+        d = self.head_dim
+        for i, w in enumerate(self.layers):
+            h = self._rms(x, w.input_norm)
+            q = linear(h, w.q, w.q_bias).view(rows, -1, d)
+            k = linear(h, w.k, w.k_bias).view(rows, -1, d)
+            v = linear(h, w.v, w.v_bias).view(rows, -1, d)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.k_cache[i][write_slot, :, positions[:n]] = k[:n]
+            self.v_cache[i][write_slot, :, positions[:n]] = v[:n]
+            attn = self._attention(i, q[:n], batch, bias)
+            if rows > n:
+                attn = F.pad(attn, (0, 0, 0, rows - n))
+            x = x + self._reduce(linear(attn, w.o))
+            h = self._rms(x, w.post_norm)
+            act = _silu(linear(h, w.gate)) if invariant else F.silu(linear(h, w.gate))
+            x = x + self._reduce(linear(act * linear(h, w.up), w.down))
+
+        for slot, row, start in zip(slots, tokens, batch.starts):
+            self.lengths[slot] = start + len(row)
+            self.slot_tokens[slot].extend(int(t) for t in row)
+        return self._logits(x, batch, invariant)
+
+    def _attention(self, layer: int, q: torch.Tensor, batch: _Batch, bias: torch.Tensor | None) -> torch.Tensor:
+        """Attention of the packed queries q [n, H, D] over their rows' caches; returns [n, H*D].
+        With `bias` (from `hidden_keys_bias`), the invariant attention; without, SDPA."""
+        b, width = len(batch.slots), batch.width
+        q = batch.unpack(q).transpose(1, 2)  # [B, H, width, D]
+        span = batch.span if bias is None else bias.shape[-1]
+        kc, vc = self.k_cache[layer], self.v_cache[layer]
+        if b == 1:  # a view, no copy
+            keys, vals = kc[batch.slots[0], :, :span].unsqueeze(0), vc[batch.slots[0], :, :span].unsqueeze(0)
+        else:
+            keys, vals = kc[batch.slot_t, :, :span], vc[batch.slot_t, :, :span]
+        if bias is not None:
+            out = invariant_attention(q, keys, vals, bias, self.head_dim**-0.5)
+        else:
+            mask = None
+            if not (b == 1 and width == 1):
+                mask = (torch.arange(span, device=self.device) <= batch.positions[:, :, None])[:, None]
+            out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1])
+        return batch.pack(out.transpose(1, 2).reshape(b, width, -1))
+
+    def _logits(self, x: torch.Tensor, batch: _Batch, invariant: bool) -> list[torch.Tensor]:
+        """Only the requested positions go through the final norm and the (large) lm_head."""
+        picked = [i for at, n, k in zip(batch.offsets, batch.lens, batch.num_logits) for i in range(at + n - k, at + n)]
+        if not picked:
+            return [x.new_empty(0, self.vocab_size, dtype=torch.float32) for _ in batch.slots]
+        h = x[torch.tensor(picked, device=self.device)]
+        if invariant:
+            h = F.pad(h, (0, 0, 0, gemm_rows(len(picked), self.dtype) - len(picked)))
+        logits = linear(self._rms(h, self.final_norm), self.lm_head)
+        if self.gather_logits is not None:
+            logits = self.gather_logits(logits)
+        logits = logits[: len(picked)].float()
+        if self.vocab_ids is not None:
+            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+            full[:, self.vocab_ids] = logits
+            logits = full
+        return list(torch.split(logits, batch.num_logits))
+
+
+@dataclass
+class _Batch:
+    """Where the tokens of a ragged forward sit: packed [n] for the GEMMs, [B, width] for attention."""
+
+    slots: list[int]
+    starts: list[int]
+    lens: list[int]
+    num_logits: list[int]
+    offsets: list[int]  # first packed index of each row
+    width: int  # query positions per row in the attention layout (>= the longest row)
+    rows: int  # packed rows the GEMMs run over: the tokens, plus padding in invariant mode
+    span: int  # keys the longest row attends over
+    slot_t: torch.Tensor
+    lens_t: torch.Tensor
+    positions: torch.Tensor  # [B, width]
+    index: torch.Tensor | None  # packed -> flat [B * width] index; None when the tokens fill the layout
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lens)
+
+    @classmethod
+    def plan(
+        cls,
+        runner: ModelRunner,
+        slots: Sequence[int],
+        tokens: Sequence[Sequence[int]],
+        num_logits: int | Sequence[int],
+        invariant: bool,
+    ) -> _Batch:
         batch = len(slots)
         if batch == 0 or batch != len(tokens):
             raise RunnerError("forward needs one token list per slot and at least one row")
@@ -221,87 +344,56 @@ class ModelRunner:
             raise RunnerError("a slot appears twice in one batch")
         n_logits = [num_logits] * batch if isinstance(num_logits, int) else list(num_logits)
         lens = [len(t) for t in tokens]
-        starts = [self.lengths[s] for s in slots]
+        starts = [runner.lengths[s] for s in slots]
         for slot, start, n, k in zip(slots, starts, lens, n_logits):
             if n == 0:
                 raise RunnerError(f"slot {slot}: empty token list")
-            if start + n > self.max_len:
-                raise ContextFull(f"slot {slot}: {start} + {n} tokens exceed the context of {self.max_len}")
+            if start + n > runner.max_len:
+                raise ContextFull(f"slot {slot}: {start} + {n} tokens exceed the context of {runner.max_len}")
             if not 0 <= k <= n:
                 raise RunnerError(f"slot {slot}: num_logits {k} outside [0, {n}]")
-        width = max(lens)
-        dev = self.device
-
-        ids = torch.zeros(batch, width, dtype=torch.long)
-        for b, row in enumerate(tokens):
-            ids[b, : lens[b]] = torch.as_tensor(row, dtype=torch.long)
-        if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
-            raise RunnerError(f"token ids must be in [0, {self.vocab_size})")
-        ids = ids.to(dev)
-        start_t = torch.tensor(starts, dtype=torch.long, device=dev)
+        dev = runner.device
+        width, n = max(lens), sum(lens)
+        if invariant:
+            width = query_width(width, runner.num_heads, runner.num_kv_heads)
         lens_t = torch.tensor(lens, dtype=torch.long, device=dev)
         offsets = torch.arange(width, device=dev)
-        positions = start_t[:, None] + offsets[None, :]  # [B, T]
-        valid = offsets[None, :] < lens_t[:, None]  # [B, T]
-        span = max(s + n for s, n in zip(starts, lens))  # keys to attend over
+        valid = offsets[None, :] < lens_t[:, None]
+        index = None if n == batch * width else valid.view(-1).nonzero().squeeze(1)
+        return cls(
+            slots=list(slots),
+            starts=starts,
+            lens=lens,
+            num_logits=n_logits,
+            offsets=[sum(lens[:b]) for b in range(batch)],
+            width=width,
+            rows=gemm_rows(n, runner.dtype) if invariant else n,
+            span=max(s + k for s, k in zip(starts, lens)),
+            slot_t=torch.tensor(slots, dtype=torch.long, device=dev),
+            lens_t=lens_t,
+            positions=torch.tensor(starts, dtype=torch.long, device=dev)[:, None] + offsets[None, :],
+            index=index,
+        )
 
-        # Cache write indices for the real (non-padding) tokens.
-        slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
-        write_slot = slot_t[:, None].expand(batch, width)[valid]
-        write_pos = positions[valid]
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, width, ...] -> [n, ...]: the real tokens, row after row."""
+        flat = x.reshape(len(self.slots) * self.width, *x.shape[2:])
+        return flat if self.index is None else flat[self.index]
 
-        mask = None
-        if not (batch == 1 and width == 1):
-            keys = torch.arange(span, device=dev)
-            mask = keys[None, None, :] <= positions[:, :, None]  # [B, T, S]
-            mask = mask[:, None]  # broadcast over heads
-        contiguous_single = batch == 1
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[n, ...] -> [B, width, ...], zeros at the padding."""
+        if self.index is None:
+            return x.view(len(self.slots), self.width, *x.shape[1:])
+        out = x.new_zeros(len(self.slots) * self.width, *x.shape[1:])
+        out[self.index] = x
+        return out.view(len(self.slots), self.width, *x.shape[1:])
 
-        x = F.embedding(ids, self.embed)
-        cos, sin = self.rotary(x, positions.clamp_max(self.max_len - 1))
-        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]
-        d = self.head_dim
-        for i, w in enumerate(self.layers):
-            h = self._rms(x, w.input_norm)
-            q = linear(h, w.q, w.q_bias).view(batch, width, -1, d).transpose(1, 2)
-            k = linear(h, w.k, w.k_bias).view(batch, width, -1, d).transpose(1, 2)
-            v = linear(h, w.v, w.v_bias).view(batch, width, -1, d).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            kc, vc = self.k_cache[i], self.v_cache[i]
-            kc[write_slot, :, write_pos] = k.transpose(1, 2)[valid]
-            vc[write_slot, :, write_pos] = v.transpose(1, 2)[valid]
-            if contiguous_single:
-                keys_i, vals_i = kc[slots[0], :, :span].unsqueeze(0), vc[slots[0], :, :span].unsqueeze(0)
-            else:
-                keys_i, vals_i = kc[slot_t, :, :span], vc[slot_t, :, :span]
-            attn = F.scaled_dot_product_attention(
-                q, keys_i, vals_i, attn_mask=mask, enable_gqa=q.shape[1] != keys_i.shape[1]
-            )
-            attn = attn.transpose(1, 2).reshape(batch, width, -1)
-            x = x + self._reduce(linear(attn, w.o))
-            h = self._rms(x, w.post_norm)
-            x = x + self._reduce(linear(F.silu(linear(h, w.gate)) * linear(h, w.up), w.down))
 
-        for slot, row, start in zip(slots, tokens, starts):
-            self.lengths[slot] = start + len(row)
-            self.slot_tokens[slot].extend(int(t) for t in row)
-
-        # Only the requested positions go through the final norm and the (large) lm_head.
-        rows = [(b, lens[b] - k, lens[b]) for b, k in enumerate(n_logits) if k]
-        if not rows:
-            return [x.new_empty(0, self.vocab_size, dtype=torch.float32) for _ in range(batch)]
-        picked = torch.cat([x[b, lo:hi] for b, lo, hi in rows])
-        logits = linear(self._rms(picked, self.final_norm), self.lm_head).float()
-        if self.vocab_ids is not None:
-            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
-            full[:, self.vocab_ids] = logits
-            logits = full
-        out, at = [], 0
-        for k in n_logits:
-            out.append(logits[at : at + k])
-            at += k
-        return out
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU in float32 from exp and division: F.silu computes the elements a vector loop leaves
+    over (which depend on the tensor's size) with a different exp than the rest."""
+    h = x.float()
+    return (h / (1 + torch.exp(-h))).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

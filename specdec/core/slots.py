@@ -4,13 +4,18 @@ Worker caches are caches (DESIGN.md invariant 1): when every slot is taken, the 
 request idle the longest may be reused, because a request that comes back brings its committed
 tokens and its cache is rebuilt from them. So a router that died without releasing its requests
 cannot leave a worker full for good.
+
+Whatever else a worker keeps per request (a sampling generator, a drafter's guess budget) lives
+and dies with the slot: the owner passes ``on_free``, called with the request id whenever its
+slot is freed — released, evicted or cancelled alike — so no map keyed by request id outgrows
+the slots.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from specdec.core.runner import ModelRunner, SlotsExhausted
 
@@ -18,9 +23,13 @@ log = logging.getLogger(__name__)
 
 
 class SlotTable:
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, on_free: Callable[[str], None] | None = None):
         self.runner = runner
+        self.on_free = on_free
         self._slots: OrderedDict[str, int] = OrderedDict()  # oldest use first
+
+    def __len__(self) -> int:
+        return len(self._slots)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._slots
@@ -42,13 +51,17 @@ class SlotTable:
             victim = next((rid for rid in self._slots if rid not in busy and rid != request_id), None)
             if victim is None:
                 raise SlotsExhausted(f"all {self.runner.num_slots} KV-cache slots are in use by this batch")
-            log.info("evicting the idle cache of %s for %s", victim, request_id)
+            log.debug("evicting the idle cache of %s for %s", victim, request_id)
             self.release(victim)
         self._slots[request_id] = self.runner.alloc_slot()
         return self._slots[request_id], True
 
     def release(self, request_id: str) -> bool:
+        """Free the request's slot and, through ``on_free``, its other state (also when it has no
+        slot: state made before a slot was placed must not outlive the call)."""
         slot = self._slots.pop(request_id, None)
+        if self.on_free is not None:
+            self.on_free(request_id)
         if slot is None:
             return False
         self.runner.free_slot(slot)

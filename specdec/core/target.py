@@ -8,7 +8,7 @@ worker, a replaced router) is rebuilt from the tokens alone (DESIGN.md invariant
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,11 +30,17 @@ class VerifyItem:
     draft: Draft
 
 
+def needs_invariance(params: SamplingParams) -> bool:
+    """Greedy and seeded requests promise the target-alone tokens exactly: their forwards must give
+    a row the same numbers in a decode and in a verify (ModelRunner's invariant forward)."""
+    return params.greedy or params.seed is not None
+
+
 class TargetVerifier:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self.slots = SlotTable(runner)
-        self.generators: dict[str, torch.Generator] = {}
+        self.generators: dict[str, torch.Generator] = {}  # per request: lives and dies with its slot
+        self.slots = SlotTable(runner, on_free=lambda rid: self.generators.pop(rid, None))
 
     @property
     def free_slots(self) -> int:
@@ -75,7 +81,12 @@ class TargetVerifier:
         kept = self._sync(items, [len(toks) - 1 for _, toks, _ in items])
         rows = [(self.slots[rid], toks[k:-1]) for (rid, toks, _), k in zip(items, kept) if k < len(toks) - 1]
         if rows:
-            self.runner.forward([s for s, _ in rows], [f for _, f in rows], num_logits=0)
+            self.runner.forward(
+                [s for s, _ in rows],
+                [f for _, f in rows],
+                num_logits=0,
+                invariant=self._invariant(p for _, _, p in items),
+            )
 
     def verify(self, items: Sequence[VerifyItem]) -> list[VerifyResult]:
         """One batched forward of [uncached committed tokens] + draft per item, then verification."""
@@ -84,7 +95,10 @@ class TargetVerifier:
         kept = self._sync([(i.request_id, i.tokens, i.params) for i in items], [len(i.tokens) - 1 for i in items])
         feeds = [i.tokens[k:] + i.draft.tokens for i, k in zip(items, kept)]
         logits = self.runner.forward(
-            [self.slots[i.request_id] for i in items], feeds, num_logits=[len(i.draft.tokens) + 1 for i in items]
+            [self.slots[i.request_id] for i in items],
+            feeds,
+            num_logits=[len(i.draft.tokens) + 1 for i in items],
+            invariant=self._invariant(i.params for i in items),
         )
         results = []
         for item, row_logits in zip(items, logits):
@@ -101,9 +115,13 @@ class TargetVerifier:
             results.append(result)
         return results
 
+    def _invariant(self, params: Iterable[SamplingParams]) -> bool:
+        # The fast forward costs less (float32 CPU decode above all: bench/NOTES.md); a batch of
+        # only unseeded sampling requests, whose promise is a distribution, may take it.
+        return self.runner.invariant_numerics and any(needs_invariance(p) for p in params)
+
     def release(self, request_id: str) -> None:
         self.slots.release(request_id)
-        self.generators.pop(request_id, None)
 
 
-__all__ = ["TargetVerifier", "VerifyItem", "SlotsExhausted"]
+__all__ = ["TargetVerifier", "VerifyItem", "SlotsExhausted", "needs_invariance"]

@@ -8,8 +8,19 @@
         for chunk in client.generate_stream("def fib(n):", max_tokens=64):
             print(chunk.text, end="", flush=True)
 
-Errors come back as :class:`grpc.RpcError` with the server's status code and message
-(INVALID_ARGUMENT naming the field, RESOURCE_EXHAUSTED when the queue is full, ...).
+With TLS or a bearer token on the server, pass :class:`specdec.rpc.client_credentials.ClientCredentials`
+(``credentials=ClientCredentials.load(token_file="token", ca="ca.pem")``); by default the client
+sends the token in ``$SPECDEC_API_TOKEN`` when that is set, over plaintext.
+
+Errors come back as :class:`specdec.rpc.client_errors.SpecdecError` (a ``grpc.RpcError`` with
+``code()`` and ``details()``), one subclass per common code, carrying the server's status details:
+
+    try:
+        client.generate("def fib(n):", top_p=2.0)
+    except InvalidArgument as exc:
+        print(exc.field, exc.field_violations)     # "top_p", [FieldViolation("top_p", "must be in (0, 1] ...")]
+    except (ResourceExhausted, Unavailable) as exc:
+        time.sleep(exc.retry_delay or 1.0)          # the server's estimate (google.rpc.RetryInfo)
 
 grpc is allowed here (specdec/rpc); torch is not imported.
 """
@@ -25,13 +36,34 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.rpc import generate_pb2, generate_pb2_grpc
+from specdec.rpc.client_credentials import ClientCredentials
+from specdec.rpc.client_errors import (
+    DeadlineExceeded,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SpecdecError,
+    Unavailable,
+    from_rpc_error,
+)
 from specdec.rpc.convert import mode_to_proto, spec_mode_to_proto
+from specdec.rpc.grpc_options import channel_options
 
 __all__ = [
     "SpecdecClient",
+    "ClientCredentials",
     "GenerateResult",
     "StreamChunk",
+    "TokenizeResult",
     "build_request",
+    "SpecdecError",
+    "FieldViolation",
+    "InvalidArgument",
+    "NotFound",
+    "ResourceExhausted",
+    "Unavailable",
+    "DeadlineExceeded",
 ]
 
 
@@ -80,6 +112,12 @@ class StreamChunk:
     time: float = field(default_factory=time.perf_counter)  # when the chunk arrived (perf_counter)
 
 
+@dataclass
+class TokenizeResult:
+    token_ids: list[int]
+    count: int
+
+
 def build_request(
     prompt: str | None = None,
     *,
@@ -125,13 +163,28 @@ def build_request(
     return req
 
 
+def _structured_errors(call) -> Iterator:
+    try:
+        yield from call
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from None
+
+
 class SpecdecClient:
     """Blocking client of one specdec router (``host:port``); thread-safe like a gRPC channel."""
 
-    def __init__(self, address: str, *, timeout: float | None = None, wait_ready: float | None = 10.0):
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float | None = None,
+        wait_ready: float | None = 10.0,
+        credentials: ClientCredentials | None = None,
+    ):
         self.address = address
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.credentials = credentials if credentials is not None else ClientCredentials.load()
+        self.channel = self.credentials.channel(address, channel_options(64 << 20))
         self.stub = generate_pb2_grpc.GenerationStub(self.channel)
         if wait_ready:
             try:
@@ -146,7 +199,10 @@ class SpecdecClient:
     def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs) -> GenerateResult:
         """One completion (see :func:`build_request` for the parameters)."""
         req = build_request(prompt, **kwargs)
-        return GenerateResult.from_proto(self.stub.Generate(req, timeout=self._timeout(timeout)))
+        try:
+            return GenerateResult.from_proto(self.stub.Generate(req, timeout=self._timeout(timeout)))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
 
     def generate_stream(
         self, prompt: str | None = None, *, timeout: float | None = None, **kwargs
@@ -156,7 +212,7 @@ class SpecdecClient:
         req = build_request(prompt, **kwargs)
         call = self.stub.GenerateStream(req, timeout=self._timeout(timeout))
         try:
-            for c in call:
+            for c in _structured_errors(call):
                 last = bool(c.finish_reason)
                 yield StreamChunk(
                     c.request_id,
@@ -172,7 +228,10 @@ class SpecdecClient:
             call.cancel()  # no-op when finished
 
     def list_models(self, timeout: float | None = 10.0) -> list[dict[str, Any]]:
-        resp = self.stub.ListModels(generate_pb2.ListModelsRequest(), timeout=timeout)
+        try:
+            resp = self.stub.ListModels(generate_pb2.ListModelsRequest(), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
         return [
             {
                 "name": m.name,
@@ -181,9 +240,31 @@ class SpecdecClient:
                 "device": m.device,
                 "max_context": m.max_context,
                 "ready": m.ready,
+                "vocab_size": m.vocab_size,
+                "eos_token_ids": list(m.eos_token_ids),
+                "has_chat_template": m.has_chat_template,
             }
             for m in resp.models
         ]
+
+    def tokenize(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+        model: str = "",
+        chat: bool = False,
+        timeout: float | None = 30.0,
+    ) -> TokenizeResult:
+        """The prompt's token ids exactly as :meth:`generate` would run them, and their count."""
+        req = generate_pb2.TokenizeRequest(
+            model=model, prompt=prompt or "", prompt_token_ids=list(prompt_token_ids or []), chat=chat
+        )
+        try:
+            resp = self.stub.Tokenize(req, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return TokenizeResult(list(resp.token_ids), resp.count)
 
     def health(self, service: str = "", timeout: float | None = 10.0) -> str:
         """grpc.health.v1 status name ("SERVING", "NOT_SERVING", ...)."""

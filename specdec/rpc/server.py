@@ -1,7 +1,8 @@
 """gRPC servers (sync thread pool, or grpc.aio) with health checking and reflection.
 
 Every server answers the standard health service (SERVING for "" and each service, NOT_SERVING
-while draining) and server reflection (the services, health and reflection itself).
+while draining) and server reflection (the services, health and reflection itself), and refuses
+requests whose bytes do not decode with INVALID_ARGUMENT (:mod:`specdec.rpc.decode_guard`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from specdec.rpc.decode_guard import OnRefused, aio_guard, sync_guard
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,14 @@ def hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
+def _add_port(server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
+    address = hostport(host, port)
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    if bound == 0:
+        raise OSError(f"could not bind a gRPC server to {address} (port in use?)")
+    return bound
+
+
 def _register(server, register: Sequence[Registration]) -> list[str]:
     names = []
     for add, servicer, name in register:
@@ -57,23 +68,28 @@ def start_server(
     port: int = 0,
     max_workers: int = 4,
     options: Sequence[tuple[str, Any]] = (),
+    on_refused: OnRefused | None = None,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a sync gRPC server (thread pool of ``max_workers``); returns (server, bound port).
 
     ``port=0`` picks a free port. Health reports SERVING for "" and each registered service;
     reflection lists the services, grpc.health.v1.Health and the reflection service.
+    ``on_refused(method, peer, error)`` is called for each request that does not decode.
+    ``interceptors`` run before the decode guard (authentication first: a refused call is never
+    decoded); ``credentials``: TLS (:func:`specdec.rpc.auth.server_tls`), else plaintext.
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc-server"),
+        interceptors=[*interceptors, sync_guard(on_refused)],
         options=[("grpc.so_reuseport", 0), *options],  # never share a port with another server
     )
     names = _register(server, register)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(hostport(host, port))
-    if bound == 0:
-        raise OSError(f"could not bind a gRPC server to {hostport(host, port)} (port in use?)")
+    bound = _add_port(server, host, port, credentials)
     server.start()
     for name in ["", *names]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -83,17 +99,23 @@ def start_server(
 
 
 async def start_aio_server(
-    register: Sequence[Registration], host: str = "127.0.0.1", port: int = 0, options: Sequence[tuple[str, Any]] = ()
+    register: Sequence[Registration],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    options: Sequence[tuple[str, Any]] = (),
+    on_refused: OnRefused | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """The grpc.aio twin of :func:`start_server` (servicer methods may be coroutines)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *options])
+    server = grpc.aio.server(
+        interceptors=[*interceptors, aio_guard(on_refused)], options=[("grpc.so_reuseport", 0), *options]
+    )
     names = _register(server, register)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(hostport(host, port))
-    if bound == 0:
-        raise OSError(f"could not bind a gRPC server to {hostport(host, port)} (port in use?)")
+    bound = _add_port(server, host, port, credentials)
     await server.start()
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.core.dtypes import DTYPE_NAMES
+from specdec.rpc.telemetry import TelemetryConfig
 
-__all__ = ["WorkerConfig", "strict_from_dict"]
+__all__ = ["WorkerConfig", "strict_from_dict", "NODE_HOST"]
+
+NODE_HOST = "node"  # a worker's host: the node's own address (Ray's node IP)
 
 
 def strict_from_dict(cls, d: dict[str, Any] | None, section: str):
@@ -29,13 +32,22 @@ class WorkerConfig:
     model: pack name, HF folder, .gguf file, hub id, or "ngram" (draft workers only).
     dtype / device: compute dtype ("float32" | "bfloat16" | "float16") and device ("cpu" | "cuda").
     num_slots / max_len: KV-cache sequences and tokens per sequence.
-    host / port: where gRPC binds (port 0 = any free port). A wildcard host ("0.0.0.0", "::")
-    binds every interface and advertises ``advertise_host`` (or the node's address under Ray).
+    host / port: where gRPC binds (port 0 = any free port). "node" binds the node's own address
+    (Ray's node IP under Ray: the address the router reaches it at), nothing else. A wildcard host
+    ("0.0.0.0", "::") binds every interface and advertises ``advertise_host`` (or the node's
+    address under Ray): only when configured so.
     threads: torch.set_num_threads (None = leave as is). grpc_threads: the server's thread pool.
     top_k_sent: ids + probs per draft position in rejection mode (model drafters).
     draft_options: keyword arguments of :class:`specdec.core.draft_options.DraftOptions` (quant, vocab, lookup) for
     model drafters; None = its defaults, the same as ``specdec generate``.
     max_ngram / min_ngram: n-gram drafter window (model "ngram").
+    telemetry: :class:`specdec.rpc.telemetry.TelemetryConfig` fields (period_s, enabled, fake_nvml);
+      None = its defaults (a sample every second).
+    bench_step_delay_s: TEST/BENCHMARK KNOB (0 in production): seconds slept per model step (per
+      draft token on a drafter, per Verify / Prefill call on a target), to emulate a slower device;
+      changed at run time by the worker's ``set_bench_step_delay``.
+    max_k: the most draft tokens one sequence of a call may ask for (Propose ``k``, a Verify's
+      draft); more is INVALID_ARGUMENT. ``specdec serve`` sets it to ``router.k_policy.k_max``.
     """
 
     model: str
@@ -52,6 +64,9 @@ class WorkerConfig:
     draft_options: dict | None = None
     max_ngram: int = 3
     min_ngram: int = 1
+    telemetry: dict | None = None
+    bench_step_delay_s: float = 0.0
+    max_k: int = 16
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ValueError:
@@ -63,7 +78,7 @@ class WorkerConfig:
             raise bad("dtype", f"must be one of {DTYPE_NAMES} (got {self.dtype!r})")
         if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda"):
             raise bad("device", f"must be 'cpu' or 'cuda[:N]' (got {self.device!r})")
-        for key in ("num_slots", "max_len", "grpc_threads", "top_k_sent", "max_ngram", "min_ngram"):
+        for key in ("num_slots", "max_len", "grpc_threads", "top_k_sent", "max_ngram", "min_ngram", "max_k"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(key, f"must be an integer >= 1 (got {value!r})")
@@ -75,6 +90,11 @@ class WorkerConfig:
             raise bad("threads", f"must be an integer >= 1 or None (got {self.threads!r})")
         if self.draft_options is not None and not isinstance(self.draft_options, dict):
             raise bad("draft_options", f"must be a dict of DraftOptions fields or None (got {self.draft_options!r})")
+        if self.telemetry is not None and not isinstance(self.telemetry, dict | TelemetryConfig):
+            raise bad("telemetry", f"must be a dict of telemetry settings or None (got {self.telemetry!r})")
+        TelemetryConfig.from_dict(self.telemetry)  # refuses unknown keys and bad values here
+        if not isinstance(self.bench_step_delay_s, int | float) or not 0 <= self.bench_step_delay_s <= 60:
+            raise bad("bench_step_delay_s", f"must be in [0, 60] seconds (got {self.bench_step_delay_s!r})")
 
     @classmethod
     def from_dict(cls, config: dict | WorkerConfig) -> WorkerConfig:
@@ -90,3 +110,8 @@ class WorkerConfig:
     @property
     def wildcard(self) -> bool:
         return self.host in ("0.0.0.0", "::", "", "[::]")
+
+    @property
+    def node_bound(self) -> bool:
+        """host "node": bind the node's own address (the one the router dials)."""
+        return self.host == NODE_HOST

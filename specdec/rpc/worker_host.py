@@ -15,12 +15,25 @@ from typing import Any
 
 from specdec.core.draft_options import add_draft_option_flags, draft_option_overrides
 from specdec.core.dtypes import DTYPE_NAMES
+from specdec.rpc.grpc_options import ConnectionLimits
 from specdec.rpc.server import Registration, hostport, serve_until_signal, set_serving, start_server, stop_server
+from specdec.rpc.telemetry import TelemetryConfig, TelemetrySampler, WorkerMeter
 from specdec.rpc.worker_config import WorkerConfig
+from specdec.rpc.worker_secret import SECRET_FILE_ENV, require_secret, worker_interceptor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WorkerHost", "actor_options", "add_worker_args", "config_from_args", "advertised_host", "worker_main"]
+__all__ = [
+    "WorkerHost",
+    "actor_options",
+    "placement_bundle",
+    "add_worker_args",
+    "config_from_args",
+    "bind_host",
+    "advertised_host",
+    "worker_limits",
+    "worker_main",
+]
 
 
 def actor_options(
@@ -58,6 +71,20 @@ def actor_options(
     return opts
 
 
+def placement_bundle(placement: dict | None, default_resources: dict[str, float]) -> dict[str, float]:
+    """The Ray placement-group bundle holding one actor placed by ``placement`` (see :func:`actor_options`)."""
+    opts = actor_options(placement, default_resources)
+    bundle: dict[str, float] = {"CPU": float(opts["num_cpus"])}
+    bundle.update({k: float(v) for k, v in opts.get("resources", {}).items()})
+    if opts.get("num_gpus"):
+        bundle["GPU"] = float(opts["num_gpus"])
+    if opts.get("accelerator_type"):
+        bundle[f"accelerator_type:{opts['accelerator_type']}"] = 0.001  # what Ray asks for it
+    if opts.get("memory"):
+        bundle["memory"] = float(opts["memory"])
+    return {k: v for k, v in bundle.items() if v > 0}
+
+
 def add_worker_args(parser: argparse.ArgumentParser, role: str) -> None:
     """The command-line flags of ``python -m draft_worker`` / ``python -m target_worker``."""
     model_help = "pack name, HF folder, .gguf file or hub id" + (", or 'ngram'" if role == "draft" else "")
@@ -66,14 +93,22 @@ def add_worker_args(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--num-slots", type=int, default=8, help="KV-cache slots (concurrent sequences)")
     parser.add_argument("--max-len", type=int, default=2048, help="KV-cache tokens per sequence")
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 = every interface)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="bind address ('node': this machine's address; 0.0.0.0 = every interface)"
+    )
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0 = any free port)")
     parser.add_argument("--advertise-host", default=None, help="address to print for clients (wildcard hosts)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--grpc-threads", type=int, default=4)
+    parser.add_argument("--max-k", type=int, default=16, help="the most draft tokens per sequence a call may ask for")
     if role == "draft":
         parser.add_argument("--top-k-sent", type=int, default=16, help="ids + probs per draft position")
         add_draft_option_flags(parser)
+    parser.add_argument(
+        "--secret-file",
+        default=None,
+        help="file holding the shared secret the router sends (default: $SPECDEC_WORKER_SECRET)",
+    )
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -86,19 +121,36 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
     return WorkerConfig.from_dict(config)
 
 
-def advertised_host(config: WorkerConfig, node_ip: str | None = None) -> str:
-    """The host clients should dial: the bind host, or for a wildcard bind ``advertise_host``, the
-    node's IP (``node_ip``, e.g. from Ray), else this machine's resolved host name."""
-    if not config.wildcard:
-        return config.host
-    if config.advertise_host:
-        return config.advertise_host
-    if node_ip:
-        return node_ip
+def _own_address() -> str:
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def bind_host(config: WorkerConfig, node_ip: str | None = None) -> str:
+    """Where the server binds: ``host``, or for "node" the node's IP (``node_ip``, e.g. from Ray,
+    else this machine's resolved host name)."""
+    if config.node_bound:
+        return node_ip or _own_address()
+    return config.host
+
+
+def advertised_host(config: WorkerConfig, node_ip: str | None = None) -> str:
+    """The host clients should dial: the bind host, or for a wildcard bind ``advertise_host``, the
+    node's IP (``node_ip``, e.g. from Ray), else this machine's resolved host name."""
+    if not config.wildcard:
+        return bind_host(config, node_ip)
+    if config.advertise_host:
+        return config.advertise_host
+    return node_ip or _own_address()
+
+
+def worker_limits(config: WorkerConfig) -> ConnectionLimits:
+    """The worker server's bounds: the largest message a legitimate round sends (every slot with a
+    full context and a full draft with its sparse distributions), with room to spare."""
+    per_sequence = config.max_len + config.max_k * (1 + 2 * max(config.top_k_sent, 64))
+    return ConnectionLimits(max_message_bytes=(1 << 20) + 10 * config.num_slots * per_sequence)
 
 
 def ray_facts() -> dict:
@@ -116,21 +168,41 @@ def ray_facts() -> dict:
 class WorkerHost:
     """A servicer served on its own gRPC server: what the worker actors and entry points share.
 
+    ``info_source`` is the servicer (its ``info_dict()`` describes the model and capacity; its
+    ``meter``, a :class:`specdec.rpc.telemetry.WorkerMeter`, gets the device telemetry sampler).
     ``info_source`` is the servicer (its ``info_dict()`` describes the model and capacity).
+    ``secret``: what every call but health must carry (:mod:`specdec.rpc.worker_secret`; the actors
+    get it as a constructor argument); None: the one in this process's environment.
     """
 
     role = "worker"
 
     def __init__(
-        self, config: WorkerConfig, register: Sequence[Registration], info_source: Any, node_ip: str | None = None
+        self,
+        config: WorkerConfig,
+        register: Sequence[Registration],
+        info_source: Any,
+        node_ip: str | None = None,
+        secret: str | None = None,
     ):
         self.config = config
         self.info_source = info_source
         self.facts = ray_facts()
+        self.meter: WorkerMeter = info_source.meter
+        self.meter.bench_step_delay_s = config.bench_step_delay_s
+        tcfg = TelemetryConfig.from_dict(config.telemetry)
+        self.telemetry = TelemetrySampler(config.device, self.meter, tcfg).start() if tcfg.enabled else None
+        self.meter.sampler = self.telemetry
+        node_ip = node_ip or self.facts.get("node_ip")
         self.server, self.port = start_server(
-            register, host=config.host, port=config.port, max_workers=config.grpc_threads
+            register,
+            host=bind_host(config, node_ip),
+            port=config.port,
+            max_workers=config.grpc_threads,
+            options=worker_limits(config).server_options(),
+            interceptors=[worker_interceptor(secret or require_secret())],
         )
-        self.host = advertised_host(config, node_ip or self.facts.get("node_ip"))
+        self.host = advertised_host(config, node_ip)
         self.started_at = time.time()
         self.draining = False
         log.info(
@@ -155,8 +227,14 @@ class WorkerHost:
             "pid": os.getpid(),
             "started_at": self.started_at,
             "draining": self.draining,
+            "telemetry": dataclasses.asdict(self.telemetry.latest) if self.telemetry else None,
             **self.facts,
         }
+
+    def set_bench_step_delay(self, seconds: float) -> None:
+        """TEST/BENCHMARK KNOB: make every model step ``seconds`` slower from now on (0 = off)."""
+        self.meter.bench_step_delay_s = max(0.0, float(seconds))
+        log.warning("%s worker %s: bench step delay set to %.3f s", self.role, self.config.model, seconds)
 
     def drain(self) -> None:
         """Report NOT_SERVING (routers stop sending new work); RPCs are still answered."""
@@ -167,6 +245,8 @@ class WorkerHost:
         """Stop the gRPC server (in-flight RPCs get ``grace`` seconds)."""
         self.draining = True
         stop_server(self.server, grace)
+        if self.telemetry is not None:
+            self.telemetry.stop()
 
 
 def worker_main(argv: list[str] | None, role: str, description: str, make_worker: Callable[[WorkerConfig], Any]) -> int:
@@ -177,8 +257,11 @@ def worker_main(argv: list[str] | None, role: str, description: str, make_worker
     parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
     add_worker_args(parser, role)
     args = parser.parse_args(argv)
+    if args.secret_file:
+        os.environ[SECRET_FILE_ENV] = args.secret_file
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        require_secret()  # before the model loads: say at once what is missing
         config = config_from_args(args)
         worker = make_worker(config)
     except Exception as exc:  # noqa: BLE001 - a command line: one readable line, no trace

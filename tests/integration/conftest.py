@@ -17,8 +17,6 @@ import time
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
 # Logical resources of the test cluster: room for the workers of one test module at a time
 # (each worker takes 1 CPU + 1 draft_gpu/target_gpu), plus a spare set.
 RAY_NUM_CPUS = 4
@@ -29,9 +27,12 @@ RAY_RESOURCES = {"draft_gpu": 2, "target_gpu": 2}
 def ray_cluster():
     import ray
 
+    from cluster.local_ray import pin_loopback_node
+
     if ray.is_initialized():  # another fixture or plugin already started one for this process
         yield ray.get_runtime_context()
         return
+    pin_loopback_node()  # the session's Ray listens on 127.0.0.1 only, as `specdec serve`'s does
     ctx = ray.init(
         address="local",
         num_cpus=RAY_NUM_CPUS,

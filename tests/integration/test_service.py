@@ -1,8 +1,7 @@
 """The disaggregated service end to end: router + draft and target Ray actors, real gRPC on loopback.
 
 A local Ray cluster (conftest ``ray_cluster``), tiny random models, the router in this process
-(``RouterThread``) with the actors' handles. The router runs with two micro-batch lanes from 2
-requests on and pre-drafting on, so the pipelined paths are the ones under test. Outputs are
+(``RouterThread``) with the actors' handles (tests/integration/service_fixture.py). Outputs are
 compared with the single-process engine (and plain transformers greedy decoding).
 """
 
@@ -20,86 +19,22 @@ import pytest
 
 from specdec.core.params import SamplingParams
 from specdec.core.request_state import KPolicy
-from specdec.rpc import generate_pb2, worker_pb2, worker_pb2_grpc
+from specdec.rpc import generate_pb2
 from specdec.rpc.client import SpecdecClient, build_request
+from specdec.rpc.client_errors import from_rpc_error
+from tests.integration.service_fixture import MAX_LEN, SLOTS, running_service
 
 REPO = Path(__file__).resolve().parents[2]
-MAX_LEN = 1024
-SLOTS = 8
 PROMPTS = ["def fib(n):", "hello world, ", "The quick brown fox", "import numpy as np\n", "abcabcabc", "x = 1\ny ="]
 
 
 # ---- fixtures ----------------------------------------------------------------------------------
 
 
-def _worker_config(path) -> dict:
-    return {"model": str(path), "dtype": "float32", "num_slots": SLOTS, "max_len": MAX_LEN, "threads": 1}
-
-
-class Service:
-    def __init__(self, router, target, draft, paths):
-        self.router, self.target, self.draft, self.paths = router, target, draft, paths
-        self.client = SpecdecClient(router.address)
-        self.stub = self.client.stub
-
-    def worker_info(self, role: str) -> worker_pb2.WorkerInfo:
-        import ray
-
-        handle = self.target if role == "target" else self.draft
-        address = ray.get(handle.address.remote(), timeout=120)
-        stub_cls = worker_pb2_grpc.TargetServiceStub if role == "target" else worker_pb2_grpc.DraftServiceStub
-        with grpc.insecure_channel(address) as ch:
-            return stub_cls(ch).Info(worker_pb2.InfoRequest(), timeout=10)
-
-    def wait_slots_free(self, timeout: float = 20.0) -> None:
-        t_end = time.monotonic() + timeout
-        while True:
-            free = {r: self.worker_info(r).free_slots for r in ("target", "draft")}
-            if free == {"target": SLOTS, "draft": SLOTS}:
-                return
-            assert time.monotonic() < t_end, f"slots not freed: {free}"
-            time.sleep(0.1)
-
-    def metric(self, name: str, labels: dict | None = None) -> float:
-        return self.router.metrics.sample(name, labels) or 0.0
-
-
 @pytest.fixture(scope="module")
 def service(ray_cluster, actor_reaper, tiny_paths):
-    from draft_worker.actor import spawn_draft_worker
-    from router.config import RouterConfig
-    from router.server import RouterThread, TargetBinding
-    from router.workers import ActorEndpoint
-    from target_worker.actor import spawn_target_worker
-
-    target = spawn_target_worker(_worker_config(tiny_paths["llama"]))
-    draft = spawn_draft_worker(_worker_config(tiny_paths["llama-draft"]))
-    actor_reaper.extend([target, draft])
-    config = RouterConfig(
-        port=0,
-        metrics_port=0,
-        k_policy=KPolicy(k=3, adaptive=True, k_min=1, k_max=6),
-        micro_batches=2,
-        split_min_batch=2,
-        predraft=True,
-        draft_deadline_s=5.0,
-        recovery_timeout_s=120.0,
-        default_max_tokens=64,
-    )
-    binding = TargetBinding(
-        "tiny-llama",
-        ActorEndpoint(target, "target-0"),
-        ActorEndpoint(draft, "draft-0"),
-        "tiny-llama-draft",
-        tokenizer=str(tiny_paths["llama"]),
-    )
-    router = RouterThread([binding], config).start(connect_timeout=300)
-    svc = Service(router, target, draft, tiny_paths)
-    try:
+    with running_service(actor_reaper, tiny_paths) as svc:
         yield svc
-    finally:
-        svc.client.close()
-        router.stop(grace=0)
 
 
 @pytest.fixture(scope="module")
@@ -294,6 +229,10 @@ def test_list_models_health_and_metrics(service):
         ("tiny-llama-draft", "draft", True),
     ]
     assert models[0]["max_context"] == MAX_LEN and models[0]["dtype"] == "float32"
+    info = service.worker_info("target")
+    assert models[0]["vocab_size"] == info.vocab_size == 259
+    assert models[0]["eos_token_ids"] == list(info.eos_token_ids) and models[0]["eos_token_ids"]
+    assert models[0]["has_chat_template"] is False  # the tiny tokenizer has none
     assert service.client.health() == "SERVING"
     assert service.client.health("specdec.v1.Generation") == "SERVING"
     port = service.router.router.metrics_port
@@ -323,7 +262,7 @@ def test_list_models_health_and_metrics(service):
 BAD = [
     (dict(prompt=""), "prompt"),
     (dict(prompt="x", prompt_token_ids=[1, 2]), "prompt"),
-    (dict(prompt_token_ids=[1] * MAX_LEN), "prompt"),
+    (dict(prompt_token_ids=[1] * MAX_LEN), "prompt_token_ids"),
     (dict(prompt="x", max_tokens=-1), "max_tokens"),
     (dict(prompt="x", max_tokens=MAX_LEN), "max_tokens"),
     (dict(prompt="x", temperature=-0.5), "temperature"),
@@ -333,7 +272,6 @@ BAD = [
     (dict(prompt_token_ids=[1, 100000]), "prompt_token_ids"),
     (dict(prompt_token_ids=[-3]), "prompt_token_ids"),
     (dict(prompt="x", stop_token_ids=[99999]), "stop_token_ids"),
-    (dict(prompt="x", model="no-such-model"), "model"),
     (dict(prompt="x", k=-2), "speculation.k"),
     (dict(prompt="x", temperature=0.5, verify_mode="invariant"), "speculation.verify_mode"),
 ]
@@ -345,6 +283,7 @@ def test_bad_input_is_invalid_argument_naming_the_field(service, kwargs, field):
         service.client.generate(timeout=30, **kwargs)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith(field + ":"), err.value.details()
+    assert err.value.field == field  # google.rpc.BadRequest, for programs
 
 
 def test_unknown_enum_values_are_invalid_argument(service):
@@ -354,6 +293,7 @@ def test_unknown_enum_values_are_invalid_argument(service):
             service.stub.Generate(req, timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.value.details().startswith(field + ":"), err.value.details()
+        assert from_rpc_error(err.value).field == field
     # and the service keeps serving
     assert service.client.generate("ok", max_tokens=3, timeout=30).usage["completion_tokens"] >= 1
 
@@ -405,6 +345,7 @@ def test_full_queue_is_resource_exhausted_and_others_keep_going(service, tiny_pa
             client.generate("c", max_tokens=5, timeout=30)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "queue is full" in err.value.details()
+        assert 0 < err.value.retry_delay <= 60  # google.rpc.RetryInfo: the queue-drain estimate
         # the main service is not affected
         assert service.client.generate("d", max_tokens=5, timeout=30).usage["completion_tokens"] >= 1
         running.cancel()
@@ -435,6 +376,7 @@ def test_no_target_worker_is_unavailable(tiny_paths):
             with pytest.raises(grpc.RpcError) as err:
                 client.generate(max_tokens=3, timeout=30, **kwargs)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+            assert err.value.retry_delay is not None and err.value.retry_delay >= 1.0  # RetryInfo
         assert client.list_models()[0]["ready"] is False
         client.close()
     finally:

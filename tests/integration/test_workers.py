@@ -24,6 +24,7 @@ from specdec.core.params import SamplingParams, VerifyMode, choose_mode
 from specdec.core.request_state import KPolicy, new_request
 from specdec.core.round_types import Draft
 from specdec.rpc import generate_pb2, worker_pb2, worker_pb2_grpc
+from specdec.rpc.auth import INTERNAL_HEADER
 from specdec.rpc.convert import (
     draft_from_proto,
     draft_to_proto,
@@ -35,6 +36,7 @@ from specdec.rpc.convert import (
     params_to_proto,
     sequence_to_proto,
 )
+from specdec.rpc.worker_secret import current_secret, worker_channel
 from tests.grpc_helpers import run_grpcurl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +64,7 @@ class Worker:
         import ray
 
         address = ray.get(handle.address.remote(), timeout=180)
-        channel = grpc.insecure_channel(address)
+        channel = worker_channel(address)  # every call carries the session's worker secret
         grpc.channel_ready_future(channel).result(timeout=30)
         return cls(handle, address, channel, stub_cls(channel))
 
@@ -235,9 +237,10 @@ def test_info_and_tokenize(workers, reference):
     assert (t.max_context, t.num_slots) == (MAX_LEN, TARGET_SLOTS)
     assert t.free_slots == TARGET_SLOTS and t.vocab_size == 259 and list(t.eos_token_ids) == sorted(reference["eos"])
     assert (d.role, d.num_slots, d.free_slots, d.vocab_size) == ("draft", 4, 4, 259)
-    ids = workers.target.stub.Tokenize(worker_pb2.TokenizeRequest(text=PROMPT), timeout=10).token_ids
+    assert t.has_chat_template is False and d.has_chat_template is False
+    ids = workers.target.stub.Tokenize(worker_pb2.TokenizeTextRequest(text=PROMPT), timeout=10).token_ids
     assert list(ids) == reference["prompt"]
-    code, msg = code_of(lambda: workers.target.stub.Tokenize(worker_pb2.TokenizeRequest(text="hi", chat=True)))
+    code, msg = code_of(lambda: workers.target.stub.Tokenize(worker_pb2.TokenizeTextRequest(text="hi", chat=True)))
     assert code is grpc.StatusCode.FAILED_PRECONDITION and "chat template" in msg  # tiny models have none
     import ray
 
@@ -296,10 +299,10 @@ def test_slots_exhausted_eviction_and_release(workers, reference):
     assert [o.cached_tokens for o in out.outcomes] == [len(prompt) - 1] * TARGET_SLOTS
     assert workers.target.info().free_slots == 0
     (first,) = stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seqs[0])])).outcomes
-    # One batch needing more slots than exist is refused whole.
+    # One batch of more sequences than the worker has slots is refused whole: no router round asks for it.
     extra = [sequence_to_proto(f"slot-extra-{i}", prompt, GREEDY, None) for i in range(TARGET_SLOTS + 1)]
     code, msg = code_of(lambda: stub.Prefill(worker_pb2.PrefillRequest(sequences=extra)))
-    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "slots" in msg
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "slots" in msg
     # A single new request evicts the least recently used idle cache (caches are caches) ...
     (o,) = stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=extra[0])])).outcomes
     assert list(o.tokens) == list(first.tokens)
@@ -335,14 +338,74 @@ def test_bad_input_is_invalid_argument(workers, reference):
     code, msg = code_of(lambda: t.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=ok)] * 2)))
     assert code is C.INVALID_ARGUMENT and "twice" in msg
     code, msg = code_of(verify(sequence_to_proto("bad", [1] * MAX_LEN, GREEDY, None), worker_pb2.Draft(tokens=[1])))
-    assert code is C.OUT_OF_RANGE and str(MAX_LEN) in msg
+    assert code is C.INVALID_ARGUMENT and str(MAX_LEN) in msg
+    # Bytes that do not decode: INVALID_ARGUMENT naming the field (google.rpc.BadRequest), not INTERNAL.
+    calls = (
+        (workers.target, "TargetService/Verify", worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=ok)])),
+        (workers.draft, "DraftService/Propose", worker_pb2.ProposeRequest(sequences=[ok])),
+    )
+    for w, method, msg in calls:
+        garbled = msg.SerializeToString().replace(b"bad", b"b\xffd")  # the request id
+        code, details = code_of(lambda: w.channel.unary_unary(f"/specdec.v1.{method}")(garbled, timeout=10))  # noqa: B023
+        path = "items[0].sequence.request_id" if "Verify" in method else "sequences[0].request_id"
+        assert (code, details) == (C.INVALID_ARGUMENT, f"request does not decode: {path} is not valid UTF-8")
     # Nothing was left behind, and the worker keeps serving.
     assert workers.target.info().free_slots == TARGET_SLOTS
 
 
+def test_calls_need_the_worker_secret(workers, reference):
+    """A direct call without the deployment's secret, or with another, is UNAUTHENTICATED and never
+    reaches the model; with it the call works; health stays open (probes)."""
+    seq = sequence_to_proto("no-secret", reference["prompt"], GREEDY, None, k=3)
+    calls = {
+        "Info": (workers.target, "TargetService/Info", worker_pb2.InfoRequest()),
+        "Verify": (workers.target, "TargetService/Verify", worker_pb2.VerifyRequest(items=[{"sequence": seq}])),
+        "Prefill": (workers.target, "TargetService/Prefill", worker_pb2.PrefillRequest(sequences=[seq])),
+        "Propose": (workers.draft, "DraftService/Propose", worker_pb2.ProposeRequest(sequences=[seq])),
+        "Release": (workers.draft, "DraftService/Release", worker_pb2.ReleaseRequest(request_ids=["x"])),
+    }
+    for secret in (None, "w" * 43):
+        for name, (w, method, msg) in calls.items():
+            with grpc.insecure_channel(w.address) as bare:
+                call = bare.unary_unary(f"/specdec.v1.{method}")
+                metadata = [(INTERNAL_HEADER, secret)] if secret else None
+                code, details = code_of(lambda: call(msg.SerializeToString(), metadata=metadata, timeout=10))  # noqa: B023
+            assert (code, details) == (grpc.StatusCode.UNAUTHENTICATED, "missing or invalid credentials"), name
+        with grpc.insecure_channel(workers.target.address) as bare:
+            health = health_pb2_grpc.HealthStub(bare).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+    # nothing ran: no slot was taken; with the secret the same call works
+    assert workers.target.info().free_slots == TARGET_SLOTS and workers.draft.info().free_slots == 4
+    (draft,) = workers.draft.stub.Propose(worker_pb2.ProposeRequest(sequences=[seq]), timeout=30).drafts
+    assert len(draft.tokens) == 3
+    workers.draft.stub.Release(worker_pb2.ReleaseRequest(request_ids=["no-secret"]), timeout=10)
+
+
+def test_work_no_router_round_asks_for_is_refused(workers, reference):
+    """A k above max_k (the issue's 33-byte Propose that drafted 4,088 tokens), a draft longer than
+    max_k, more sequences than KV slots and more tokens than the context: INVALID_ARGUMENT, up front."""
+    t, d, prompt, C = workers.target.stub, workers.draft.stub, reference["prompt"], grpc.StatusCode
+    big_k = sequence_to_proto("big-k", prompt, GREEDY, None, k=4088)
+    assert len(worker_pb2.ProposeRequest(sequences=[big_k]).SerializeToString()) < 64
+    code, msg = code_of(lambda: d.Propose(worker_pb2.ProposeRequest(sequences=[big_k]), timeout=10))
+    assert code is C.INVALID_ARGUMENT and "at most 16" in msg
+    seq = sequence_to_proto("long-draft", prompt, GREEDY, None)
+    item = worker_pb2.VerifyItem(sequence=seq, draft=worker_pb2.Draft(tokens=[1] * 17))
+    code, msg = code_of(lambda: t.Verify(worker_pb2.VerifyRequest(items=[item]), timeout=10))
+    assert code is C.INVALID_ARGUMENT and "17 draft tokens" in msg
+    many = [worker_pb2.VerifyItem(sequence=sequence_to_proto(f"m{i}", prompt, GREEDY, None)) for i in range(4)]
+    code, msg = code_of(lambda: t.Verify(worker_pb2.VerifyRequest(items=many), timeout=10))
+    assert code is C.INVALID_ARGUMENT and f"{TARGET_SLOTS} KV slots" in msg
+    too_long = sequence_to_proto("too-long", [1] * (MAX_LEN + 1), GREEDY, None)
+    code, msg = code_of(lambda: t.Prefill(worker_pb2.PrefillRequest(sequences=[too_long]), timeout=10))
+    assert code is C.INVALID_ARGUMENT and f"context of {MAX_LEN}" in msg
+    assert workers.target.info().free_slots == TARGET_SLOTS and workers.draft.info().free_slots == 4
+
+
 def test_grpcurl_health_and_reflection(workers):
+    secret = ("-H", f"{INTERNAL_HEADER}: {current_secret()}")  # grpcurl sends it on reflection calls too
     for w, service in ((workers.target, "specdec.v1.TargetService"), (workers.draft, "specdec.v1.DraftService")):
-        listed = run_grpcurl("-plaintext", w.address, "list")
+        listed = run_grpcurl("-plaintext", *secret, w.address, "list")
         assert listed.returncode == 0, listed.stderr
         assert set(listed.stdout.split()) == {
             service,
@@ -351,11 +414,13 @@ def test_grpcurl_health_and_reflection(workers):
         }
         for name in ("", service):
             check = run_grpcurl(
-                "-plaintext", "-d", json.dumps({"service": name}), w.address, "grpc.health.v1.Health/Check"
+                "-plaintext", *secret, "-d", json.dumps({"service": name}), w.address, "grpc.health.v1.Health/Check"
             )
             assert check.returncode == 0 and json.loads(check.stdout)["status"] == "SERVING", check.stderr
-        info = run_grpcurl("-plaintext", "-d", "{}", w.address, f"{service}/Info")
+        info = run_grpcurl("-plaintext", *secret, "-d", "{}", w.address, f"{service}/Info")
         assert info.returncode == 0 and json.loads(info.stdout)["role"] in ("target", "draft"), info.stderr
+        refused = run_grpcurl("-plaintext", "-d", "{}", w.address, f"{service}/Info")
+        assert refused.returncode != 0 and "Unauthenticated" in refused.stdout + refused.stderr
 
 
 def test_killed_target_restarts_and_rebuilds_from_tokens(workers, reference, wait_for_restart):
@@ -456,7 +521,7 @@ def test_draft_worker_by_hand_ngram():
         line = proc.stdout.readline()
         assert "serving ngram on" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
         address = line.split()[-1]
-        with grpc.insecure_channel(address) as channel:
+        with worker_channel(address) as channel:
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
             stub = worker_pb2_grpc.DraftServiceStub(channel)

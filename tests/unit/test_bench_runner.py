@@ -21,3 +21,19 @@ def test_forward_sweep_reports_each_size_relative_to_the_first(tiny_paths):
         assert result["relative_to_one_token"]["1"] == 1.0
         assert all(v > 0 for v in result["forward_ms"].values())
         assert format_sweep(result).count("x") >= 3
+
+
+def test_bench_runner_tp_puts_tp_n_beside_tp_1_with_the_all_reduce_share(tiny_paths):
+    from specdec.bench.tp import bench_tp, format_tp_table
+
+    result = bench_tp(
+        str(tiny_paths["llama"]), 2, dtype="float32", context_len=16, repeat=2, threads=2, lm_heads=("replicated",)
+    )
+    assert (result["threads_total"], result["threads_per_rank"]) == (2, 1)
+    assert [m["lm_head"] for m in result["modes"]] == ["replicated"]
+    for mode in result["modes"]:
+        assert [c["name"] for c in mode["cases"]] == ["decode b=1", "decode b=8", "verify 5 tokens b=1"]
+        for c in mode["cases"]:
+            assert c["tp1_ms"] > 0 and c["tpn_ms"] > 0 and 0 < c["comm_share"] < 1
+    assert result["faster_lm_head"] == "replicated"
+    assert "TP2 ms" in format_tp_table(result)

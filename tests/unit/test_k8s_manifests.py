@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from cluster.config import ServeConfig
-from specdec.rpc.serving import actor_options
+from tests.ray_resources import actor_demand
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -154,15 +154,6 @@ def _container(template: dict, name: str) -> dict:
 def _cpus(quantity: str) -> float:
     q = str(quantity)
     return float(q[:-1]) / 1000 if q.endswith("m") else float(q)
-
-
-def actor_demand(placement: dict) -> dict[str, float]:
-    """The Ray resources a pool's actor asks for (what the worker's spawn passes to Ray)."""
-    opts = actor_options(placement, {})
-    demand = {"CPU": opts["num_cpus"], "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})}
-    if opts.get("accelerator_type"):
-        demand[f"accelerator_type:{opts['accelerator_type']}"] = 0.001  # how Ray spells accelerator_type=
-    return {k: v for k, v in demand.items() if v}
 
 
 def check_autoscaler_can_place(rc: dict, cfg: ServeConfig) -> None:

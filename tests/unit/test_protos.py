@@ -79,7 +79,9 @@ def test_check_reports_stale_stubs_after_a_proto_change(tmp_path):
     shutil.copytree(gen_protos.PROTO_ROOT, protos)
     src = protos / "specdec" / "v1" / "generate.proto"
     text = src.read_text()
-    text = text.replace("  bool ready = 6;\n", "  bool ready = 6;\n  // A new field.\n  string region = 7;\n")
+    new = "  bool has_chat_template = 9;\n"
+    assert new in text
+    text = text.replace(new, new + "  // A new field.\n  string region = 10;\n")
     src.write_text(text)
     diffs = gen_protos.check(gen_protos.DEFAULT_OUT, proto_root=protos)
     assert [str(d) for d in diffs] == ["generate_pb2.py (changed)", "generate_pb2.pyi (changed)"]
@@ -270,7 +272,7 @@ def test_worker_services_are_declared():
     draft = worker_pb2.DESCRIPTOR.services_by_name["DraftService"]
     target = worker_pb2.DESCRIPTOR.services_by_name["TargetService"]
     assert [m.name for m in draft.methods] == ["Propose", "Prefill", "Release", "Info"]
-    assert [m.name for m in target.methods] == ["Prefill", "Verify", "Release", "Tokenize", "Info"]
+    assert [m.name for m in target.methods] == ["Prefill", "Verify", "Release", "Tokenize", "Info", "GetTokenizer"]
     for cls in ("DraftServiceStub", "DraftServiceServicer", "TargetServiceStub", "TargetServiceServicer"):
         assert hasattr(worker_pb2_grpc, cls)
     gen = generate_pb2.DESCRIPTOR.services_by_name["Generation"]
@@ -278,6 +280,7 @@ def test_worker_services_are_declared():
         ("Generate", False),
         ("GenerateStream", True),
         ("ListModels", False),
+        ("Tokenize", False),
     ]
 
 
@@ -395,7 +398,7 @@ def test_grpcurl_lists_services_through_reflection(server):
     }
     out = run_grpcurl("-plaintext", server.address, "list", GENERATION)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [f"{GENERATION}.{m}" for m in ("Generate", "GenerateStream", "ListModels")]
+    assert out.stdout.split() == [f"{GENERATION}.{m}" for m in ("Generate", "GenerateStream", "ListModels", "Tokenize")]
     out = run_grpcurl("-plaintext", server.address, "describe", "specdec.v1.GenerateRequest")
     assert out.returncode == 0, out.stderr
     assert "optional float temperature = 7;" in out.stdout

@@ -100,7 +100,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $placement := dict "resources" (dict $group.rayResource 1) -}}
 {{- if gt (int $group.gpus) 0 -}}{{- $_ := set $placement "num_gpus" (int $group.gpus) -}}{{- end -}}
 {{- $_ := set $pool "placement" $placement -}}
-{{- $_ := set $pool "host" "0.0.0.0" -}}
+{{- $_ := set $pool "host" "node" -}}
 {{- end -}}
 {{- end -}}
 {{- toYaml $cfg -}}

@@ -53,6 +53,11 @@ class GenerationStub:
                 request_serializer=specdec_dot_v1_dot_generate__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_generate__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/specdec.v1.Generation/Tokenize',
+                request_serializer=specdec_dot_v1_dot_generate__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_generate__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -84,6 +89,15 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """Tokenizes a prompt exactly as Generate would (same model, chat template
+        and bounds) without generating: the ids and their count, for budgeting
+        tokens without shipping the tokenizer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -101,6 +115,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=specdec_dot_v1_dot_generate__pb2.ListModelsRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_generate__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=specdec_dot_v1_dot_generate__pb2.TokenizeRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_generate__pb2.TokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -187,6 +206,33 @@ class Generation:
             '/specdec.v1.Generation/ListModels',
             specdec_dot_v1_dot_generate__pb2.ListModelsRequest.SerializeToString,
             specdec_dot_v1_dot_generate__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.Generation/Tokenize',
+            specdec_dot_v1_dot_generate__pb2.TokenizeRequest.SerializeToString,
+            specdec_dot_v1_dot_generate__pb2.TokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

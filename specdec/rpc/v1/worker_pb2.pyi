@@ -128,7 +128,7 @@ class ReleaseResponse(_message.Message):
     released: int
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
-class TokenizeRequest(_message.Message):
+class TokenizeTextRequest(_message.Message):
     __slots__ = ("text", "chat")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -136,7 +136,7 @@ class TokenizeRequest(_message.Message):
     chat: bool
     def __init__(self, text: _Optional[str] = ..., chat: _Optional[bool] = ...) -> None: ...
 
-class TokenizeResponse(_message.Message):
+class TokenizeTextResponse(_message.Message):
     __slots__ = ("token_ids",)
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -147,7 +147,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "role", "dtype", "device", "max_context", "vocab_size", "num_slots", "free_slots", "eos_token_ids")
+    __slots__ = ("model", "role", "dtype", "device", "max_context", "vocab_size", "num_slots", "free_slots", "eos_token_ids", "has_chat_template", "telemetry", "tokenizer_fingerprint")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,9 @@ class WorkerInfo(_message.Message):
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     FREE_SLOTS_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     model: str
     role: str
     dtype: str
@@ -166,4 +169,65 @@ class WorkerInfo(_message.Message):
     num_slots: int
     free_slots: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model: _Optional[str] = ..., role: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    has_chat_template: bool
+    telemetry: DeviceTelemetry
+    tokenizer_fingerprint: str
+    def __init__(self, model: _Optional[str] = ..., role: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., telemetry: _Optional[_Union[DeviceTelemetry, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ...) -> None: ...
+
+class GetTokenizerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetTokenizerResponse(_message.Message):
+    __slots__ = ("tokenizer_json", "chat_template", "special_token_ids", "eos_token_ids", "fingerprint", "clean_up_tokenization_spaces")
+    TOKENIZER_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_UP_TOKENIZATION_SPACES_FIELD_NUMBER: _ClassVar[int]
+    tokenizer_json: str
+    chat_template: str
+    special_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    fingerprint: str
+    clean_up_tokenization_spaces: bool
+    def __init__(self, tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., special_token_ids: _Optional[_Iterable[int]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., fingerprint: _Optional[str] = ..., clean_up_tokenization_spaces: _Optional[bool] = ...) -> None: ...
+
+class DeviceTelemetry(_message.Message):
+    __slots__ = ("device", "source", "name", "time", "window_s", "utilization", "memory_utilization", "sm_active", "sm_occupancy", "memory_used_bytes", "memory_total_bytes", "power_w", "power_limit_w", "busy", "rss_bytes", "threads", "missing")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    SM_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    SM_OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    source: str
+    name: str
+    time: float
+    window_s: float
+    utilization: float
+    memory_utilization: float
+    sm_active: float
+    sm_occupancy: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    power_w: float
+    power_limit_w: float
+    busy: float
+    rss_bytes: int
+    threads: int
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, device: _Optional[str] = ..., source: _Optional[str] = ..., name: _Optional[str] = ..., time: _Optional[float] = ..., window_s: _Optional[float] = ..., utilization: _Optional[float] = ..., memory_utilization: _Optional[float] = ..., sm_active: _Optional[float] = ..., sm_occupancy: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., busy: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., threads: _Optional[int] = ..., missing: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -266,13 +266,18 @@ class TargetServiceStub:
                 _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/specdec.v1.TargetService/Tokenize',
-                request_serializer=specdec_dot_v1_dot_worker__pb2.TokenizeRequest.SerializeToString,
-                response_deserializer=specdec_dot_v1_dot_worker__pb2.TokenizeResponse.FromString,
+                request_serializer=specdec_dot_v1_dot_worker__pb2.TokenizeTextRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_worker__pb2.TokenizeTextResponse.FromString,
                 _registered_method=True)
         self.Info = channel.unary_unary(
                 '/specdec.v1.TargetService/Info',
                 request_serializer=specdec_dot_v1_dot_worker__pb2.InfoRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_worker__pb2.WorkerInfo.FromString,
+                _registered_method=True)
+        self.GetTokenizer = channel.unary_unary(
+                '/specdec.v1.TargetService/GetTokenizer',
+                request_serializer=specdec_dot_v1_dot_worker__pb2.GetTokenizerRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_worker__pb2.GetTokenizerResponse.FromString,
                 _registered_method=True)
 
 
@@ -322,6 +327,14 @@ class TargetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTokenizer(self, request, context):
+        """Exports the target's tokenizer so the router can turn ids into text
+        without the model files (the head node holds no weights).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -342,13 +355,18 @@ def add_TargetServiceServicer_to_server(servicer, server):
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
-                    request_deserializer=specdec_dot_v1_dot_worker__pb2.TokenizeRequest.FromString,
-                    response_serializer=specdec_dot_v1_dot_worker__pb2.TokenizeResponse.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_worker__pb2.TokenizeTextRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_worker__pb2.TokenizeTextResponse.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
                     request_deserializer=specdec_dot_v1_dot_worker__pb2.InfoRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_worker__pb2.WorkerInfo.SerializeToString,
+            ),
+            'GetTokenizer': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTokenizer,
+                    request_deserializer=specdec_dot_v1_dot_worker__pb2.GetTokenizerRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_worker__pb2.GetTokenizerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -459,8 +477,8 @@ class TargetService:
             request,
             target,
             '/specdec.v1.TargetService/Tokenize',
-            specdec_dot_v1_dot_worker__pb2.TokenizeRequest.SerializeToString,
-            specdec_dot_v1_dot_worker__pb2.TokenizeResponse.FromString,
+            specdec_dot_v1_dot_worker__pb2.TokenizeTextRequest.SerializeToString,
+            specdec_dot_v1_dot_worker__pb2.TokenizeTextResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -488,6 +506,33 @@ class TargetService:
             '/specdec.v1.TargetService/Info',
             specdec_dot_v1_dot_worker__pb2.InfoRequest.SerializeToString,
             specdec_dot_v1_dot_worker__pb2.WorkerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTokenizer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.TargetService/GetTokenizer',
+            specdec_dot_v1_dot_worker__pb2.GetTokenizerRequest.SerializeToString,
+            specdec_dot_v1_dot_worker__pb2.GetTokenizerResponse.FromString,
             options,
             channel_credentials,
             insecure,

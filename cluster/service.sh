@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# `specdec serve --address auto` as a background service on the Ray head node.
+#
+#   service.sh start [SERVE FLAGS...]    start it detached (setsid + nohup): it outlives the SSH session
+#   service.sh stop                      SIGTERM (running requests get router.grace_s), SIGKILL after 90 s
+#                                        (10 s if it is not serving yet)
+#   service.sh restart [SERVE FLAGS...]
+#   service.sh status [--wait SECONDS]   the process and the gRPC health of $SPECDEC_SERVER (127.0.0.1:50051)
+#
+# The cluster files' head_start_ray_commands run `stop` before `ray stop` and `start` after
+# `ray start --head`; from your machine: ray exec CLUSTER.yaml '~/specdec/cluster/service.sh status'.
+# State: ~/.specdec/serve.pid and ~/.specdec/serve.log ($SPECDEC_STATE_DIR).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/env.sh"
+
+state="${SPECDEC_STATE_DIR:-$HOME/.specdec}"
+pidfile="$state/serve.pid"
+logfile="$state/serve.log"
+server="${SPECDEC_SERVER:-127.0.0.1:50051}"
+
+running() {  # the pid file names a live `specdec serve` (not a recycled pid)
+    local pid
+    pid="$(cat "$pidfile" 2>/dev/null)" || return 1
+    [ -n "$pid" ] && grep -qa specdec "/proc/$pid/cmdline" 2>/dev/null
+}
+
+start() {
+    if running; then
+        echo "specdec serve is already running (pid $(cat "$pidfile")); use restart" >&2
+        return 1
+    fi
+    mkdir -p "$state"
+    rm -f "$pidfile"
+    echo "=== $(date -Is) specdec serve --address auto $*" >>"$logfile"
+    # Once `ray down` has stopped Ray, the router exits after 15 s without the GCS (Ray's default: 60).
+    RAY_gcs_rpc_server_reconnect_timeout_s="${RAY_gcs_rpc_server_reconnect_timeout_s:-15}" \
+        setsid nohup bash -c 'echo $$ >"$0"; exec specdec serve --address auto "$@"' "$pidfile" "$@" \
+        </dev/null >>"$logfile" 2>&1 &
+    sleep 3  # a bad flag or config, or no Ray here, ends it by now
+    if ! running; then
+        echo "specdec serve exited at once; the end of $logfile:" >&2
+        tail -n 20 "$logfile" >&2
+        return 1
+    fi
+    echo "specdec serve started (pid $(cat "$pidfile"), log $logfile); it serves once its workers are placed:"
+    echo "  $0 status --wait 900"
+}
+
+stop() {
+    if ! running; then
+        rm -f "$pidfile"
+        echo "specdec serve is not running"
+        return 0
+    fi
+    local pid wait_s=90
+    pid="$(cat "$pidfile")"
+    # A router that is not serving yet has no requests to finish (and `specdec serve` goes on
+    # waiting for its workers after SIGTERM): 10 s, then SIGKILL.
+    [ "$(health)" = SERVING ] || wait_s=10
+    kill -TERM "$pid"
+    for _ in $(seq 1 "$wait_s"); do
+        if ! running; then
+            rm -f "$pidfile"
+            echo "specdec serve (pid $pid) stopped"
+            return 0
+        fi
+        sleep 1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$pidfile"
+    echo "specdec serve (pid $pid) killed: still running $wait_s s after SIGTERM" >&2
+}
+
+health() {  # grpc.health.v1 status of the router, or the gRPC error code (UNAVAILABLE: not listening)
+    python - "$server" <<'EOF'
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+try:
+    with grpc.insecure_channel(sys.argv[1]) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    print(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+except grpc.RpcError as exc:
+    print(exc.code().name)
+EOF
+}
+
+status() {
+    local wait_s=0 state_now
+    if [ "${1:-}" = "--wait" ]; then
+        wait_s="${2:?--wait needs a number of seconds}"
+    fi
+    local deadline=$((SECONDS + wait_s))
+    while :; do
+        if running; then
+            state_now="$(health)"
+            if [ "$state_now" = SERVING ]; then
+                echo "specdec serve (pid $(cat "$pidfile")): $server SERVING"
+                return 0
+            fi
+        else
+            state_now="not running"
+        fi
+        [ "$SECONDS" -lt "$deadline" ] || break
+        sleep 2
+    done
+    echo "specdec serve: $server $state_now; the end of $logfile:" >&2
+    tail -n 20 "$logfile" >&2 2>/dev/null || true
+    return 1
+}
+
+cmd="${1:-}"
+shift || true
+case "$cmd" in
+    start) start "$@" ;;
+    stop) stop ;;
+    restart) stop && start "$@" ;;
+    status) status "$@" ;;
+    *)
+        echo "usage: $0 start [SERVE FLAGS...] | stop | restart [SERVE FLAGS...] | status [--wait SECONDS]" >&2
+        exit 2
+        ;;
+esac

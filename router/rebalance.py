@@ -1,0 +1,496 @@
+"""The rebalancer's policy: plain functions over telemetry, queues, batch, acceptance and measured
+costs, returning actions (DESIGN.md "Rebalancing and scaling").
+
+Nothing here does I/O, holds a lock, or knows asyncio or gRPC: inputs and outputs are small frozen
+dataclasses, and the time is an argument. The router applies the decisions (router/drafter_pool.py,
+router/scheduler.py, router/rebalancer.py, router/server.py); the capacity simulator (cluster/)
+calls the same functions over simulated state. Every action has hysteresis (a margin or separate
+enter/leave thresholds held for several samples) and a cooldown; the router logs and counts each
+one (``specdec_rebalance_actions_total{action}``).
+
+Actions:
+
+* Draft assignment (:func:`assign_drafter`): drafters are one pool shared by every target. A new
+  request goes to the drafter with the most headroom (:func:`placement_cost`: measured seconds per
+  draft step, a call in flight, device load, KV occupancy) among those a move would not take it
+  away from at once; a request stays on its drafter (its KV cache is there) unless that drafter is
+  down (``failover``) or its measured cost is ``move_margin`` times the best one's
+  (``draft_move``), at most once per ``move_cooldown_s`` after a move.
+* Depth by device load (:func:`plan_depth`, :func:`depth_plan`): an underused target (low load,
+  drafts not on the critical path) goes ``deep`` (longer drafts, pre-drafting); a saturated one
+  ``shallow`` (shorter drafts, no pre-drafting). Saturated means the compute units are full: GPM SM
+  activity where offered; otherwise a high load *and* a measured verify cost that grows with the
+  tokens verified. A busy device alone is not saturated: NVML utilization counts time in which any
+  kernel ran, and a memory-bound target busy all the time still verifies k + 1 tokens for the
+  price of one.
+* Speculation off per request (:func:`plan_speculation`): AUTO requests stop speculating when the
+  measured goodput B tau / T(B (k + 1)) (+ draft wait) says plain decoding is faster, and start
+  again when speculation is faster again: speculation is never kept where it loses.
+* Routing (:func:`pick_target`): a request goes to the target replica with the least load per slot
+  (queue + batch), saturated replicas last.
+
+Adding or removing replicas (autoscaling) only changes the sequences passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specdec.core.speedup import expected_tokens
+
+__all__ = [
+    "RebalanceConfig",
+    "DrafterView",
+    "Assignment",
+    "placement_cost",
+    "assign_drafter",
+    "TargetView",
+    "DepthState",
+    "DepthPlan",
+    "plan_depth",
+    "depth_plan",
+    "VerifyCost",
+    "SpecJob",
+    "pooled_acceptance",
+    "round_goodput",
+    "plan_speculation",
+    "Route",
+    "route_score",
+    "pick_target",
+]
+
+LEVELS = ("shallow", "normal", "deep")
+REF_K = 4  # draft length at which drafters' step times are compared
+
+
+@dataclass(frozen=True)
+class RebalanceConfig:
+    """The router config's ``rebalance`` section.
+
+    enabled: False = static pairing (each target drafts on its own drafter, depth by acceptance
+      only, no speculation switch): what the router did before the rebalancer.
+    period_s: how often the router polls worker telemetry and re-plans depth.
+    latency_weight: EWMA weight of each new round in a drafter's measured seconds per step.
+    stale_s / forget_s: requests move only between drafters measured within ``stale_s``; new
+      requests are placed by a drafter's last measurement until it is ``forget_s`` old, then by
+      the pool's median (a drafter that recovered meanwhile gets requests again).
+    move_margin / move_cooldown_s: a request moves off its drafter only when its cost is more than
+      ``move_margin`` times the best drafter's, and at most once per ``move_cooldown_s``.
+    util_weight / hot_utilization: a drafter's cost grows by ``util_weight`` x its device load, and
+      by up to 1 more as the load goes from ``hot_utilization`` to 1 (busy with other work).
+    low_utilization / high_utilization / band: a target is underused below ``low``, saturated
+      above ``high``; it leaves a level only ``band`` past the threshold (hysteresis).
+    growth_saturated: without GPM, saturated also needs each extra verified token to cost at least
+      this share of a one-token verify (measured: the scheduler's verify line).
+    depth_samples / depth_cooldown_s: a level changes after this many telemetry samples in a row
+      ask for it, at most once per cooldown.
+    deep_wait_share: ``deep`` only while rounds spend less than this share waiting for drafts (an
+      idle target waiting on a slow drafter must not get longer drafts).
+    deep_extra_k / deep_cost_scale: ``deep`` raises k_min by this much and scales the draft cost
+      the adaptive k sees by this factor (longer drafts); ``shallow`` halves k_max.
+    spec_off_margin / spec_on_margin / spec_cooldown_s: AUTO requests switch speculation off when
+      that raises the round's goodput by more than ``spec_off_margin`` (small: speculation must
+      not stay where it loses), back on only for more than ``spec_on_margin`` (the wide band keeps
+      noise from flipping them), each request at most once per cooldown; nothing switches before
+      the target's pooled acceptance rests on ``spec_min_evidence`` tested draft tokens.
+    saturated_penalty: added to a saturated target's load per slot when routing.
+    """
+
+    enabled: bool = True
+    period_s: float = 1.0
+    latency_weight: float = 0.3
+    stale_s: float = 10.0
+    forget_s: float = 60.0
+    move_margin: float = 1.5
+    move_cooldown_s: float = 2.0
+    util_weight: float = 0.5
+    hot_utilization: float = 0.9
+    low_utilization: float = 0.35
+    high_utilization: float = 0.9
+    band: float = 0.1
+    growth_saturated: float = 0.15
+    depth_samples: int = 3
+    depth_cooldown_s: float = 5.0
+    deep_wait_share: float = 0.25
+    deep_extra_k: int = 1
+    deep_cost_scale: float = 0.5
+    spec_off_margin: float = 0.02
+    spec_on_margin: float = 0.15
+    spec_min_evidence: float = 20.0
+    spec_cooldown_s: float = 2.0
+    saturated_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        positive = ("period_s", "stale_s", "forget_s", "move_margin", "latency_weight")
+        for key in positive:
+            if not float(getattr(self, key)) > 0:
+                raise ValueError(f"router.rebalance.{key} must be > 0")
+        if self.move_margin < 1.0:
+            raise ValueError("router.rebalance.move_margin must be >= 1 (it is a ratio of costs)")
+        if not 0.0 <= self.low_utilization < self.high_utilization <= 1.0:
+            raise ValueError("router.rebalance: need 0 <= low_utilization < high_utilization <= 1")
+        if not isinstance(self.depth_samples, int) or self.depth_samples < 1:
+            raise ValueError("router.rebalance.depth_samples must be an integer >= 1")
+        non_negative = ("move_cooldown_s", "depth_cooldown_s", "spec_cooldown_s", "band", "util_weight")
+        for key in (*non_negative, "spec_off_margin", "spec_on_margin"):
+            if float(getattr(self, key)) < 0:
+                raise ValueError(f"router.rebalance.{key} must be >= 0")
+
+    @classmethod
+    def from_dict(cls, d: dict | RebalanceConfig | None) -> RebalanceConfig:
+        if isinstance(d, RebalanceConfig):
+            return d
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"router.rebalance: unknown keys {unknown} (known: {sorted(known)})")
+        return cls(**d)
+
+
+# ---- draft assignment ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DrafterView:
+    """One drafter as the policy sees it.
+
+    step_s: measured seconds per draft step of a round on it, queueing included, at a reference
+      draft length (raised while a call runs late); None = never measured. age_s: its age.
+    fixed_s: the part of a call's wait that does not grow with k (RPC, queueing): a Propose of k
+      steps waits about fixed_s + k x (step_s - fixed_s / k_ref); 0 until calls of different k.
+    in_flight: Propose calls queued or running on it now (from every target).
+    load: device load share from telemetry (DeviceSample.load), None = unknown.
+    jobs / slots: requests it drafts for, and its KV slots (None = unbounded, e.g. n-gram).
+    """
+
+    name: str
+    up: bool = True
+    step_s: float | None = None
+    age_s: float = 0.0
+    fixed_s: float = 0.0
+    in_flight: int = 0
+    load: float | None = None
+    jobs: int = 0
+    slots: int | None = None
+
+    @property
+    def has_room(self) -> bool:
+        return self.slots is None or self.jobs < self.slots
+
+    @property
+    def per_step_s(self) -> float | None:
+        """Seconds each draft step adds (the device's speed, without RPC and queueing)."""
+        return None if self.step_s is None else max(0.0, self.step_s - self.fixed_s / REF_K)
+
+    def wait(self, k: int) -> float:
+        """Expected wait for a draft of k steps here (0 for k = 0 or unmeasured)."""
+        if k <= 0 or self.step_s is None:
+            return 0.0
+        return self.fixed_s + self.per_step_s * k
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where a request's next drafts come from. action: keep | place | move | failover | none."""
+
+    drafter: str | None
+    action: str
+    reason: str = ""
+
+
+def _known_step(d: DrafterView, within_s: float) -> float | None:
+    return d.step_s if d.step_s is not None and d.age_s <= within_s else None
+
+
+def _fallback_step(drafters: Sequence[DrafterView], cfg: RebalanceConfig) -> float:
+    known = sorted(s for d in drafters if d.up and (s := _known_step(d, cfg.forget_s)) is not None)
+    return known[len(known) // 2] if known else 1.0
+
+
+def _load_factor(d: DrafterView, cfg: RebalanceConfig) -> float:
+    """1 + util_weight x load, plus up to 1 more as the load goes from hot_utilization to 1 (hot:
+    busy with other work). Continuous, so noise around a threshold cannot flip a decision."""
+    load = min(max(d.load or 0.0, 0.0), 1.0)
+    hot = max(0.0, load - cfg.hot_utilization) / max(1e-9, 1.0 - cfg.hot_utilization)
+    return 1.0 + cfg.util_weight * load + hot
+
+
+def placement_cost(d: DrafterView, drafters: Sequence[DrafterView], cfg: RebalanceConfig) -> float:
+    """Expected wait for a new request's draft step on ``d``: its step time (the pool's median
+    when unmeasured or forgotten) x 1.5 while a call is in flight there (the router coalesces the
+    waiting ones: a new request waits for about half the running call, then goes in the next) x the
+    device-load factor x (1 + half the share of its KV slots taken: requests placed in the same
+    round see nothing in flight yet, and this spreads them instead of piling them on the
+    marginally cheapest drafter)."""
+    step = _known_step(d, cfg.forget_s)
+    step = step if step is not None else _fallback_step(drafters, cfg)
+    occupancy = d.jobs / d.slots if d.slots else 0.0
+    return step * (1.0 + 0.5 * min(d.in_flight, 1)) * _load_factor(d, cfg) * (1.0 + 0.5 * occupancy)
+
+
+def move_cost(d: DrafterView, cfg: RebalanceConfig, within_s: float | None = None) -> float | None:
+    """The cost used to decide moves: the device's seconds per draft step (:attr:`DrafterView.
+    per_step_s`) x the load factor. Queueing is left out on purpose: it follows the placement
+    (moving requests onto a drafter makes it queue), so chasing it would make requests oscillate;
+    placement weighs queues instead. None = not measured within ``within_s`` (default ``stale_s``)."""
+    if _known_step(d, cfg.stale_s if within_s is None else within_s) is None:
+        return None
+    return max(d.per_step_s, 1e-6) * _load_factor(d, cfg)
+
+
+def assign_drafter(
+    current: str | None,
+    drafters: Sequence[DrafterView],
+    *,
+    moved_at: float | None,
+    now: float,
+    cfg: RebalanceConfig,
+) -> Assignment:
+    """Where request drafts next: stay on ``current`` unless it is down or clearly worse.
+
+    ``moved_at``: when the request last moved (None = never), for the cooldown.
+    """
+    up = [d for d in drafters if d.up]
+    if not up:
+        return Assignment(None, "none", "no drafter is up")
+    by_name = {d.name: d for d in up}
+    cur = by_name.get(current) if current is not None else None
+    roomy = [d for d in up if d.has_room or d is cur]
+    if not roomy:
+        return Assignment(None, "none", "every drafter's KV slots are taken")
+    if current is None:
+        # only where a move would not take it away: within the margin of the best measured (a
+        # drafter measured slow stays out until its measurement is forgotten)
+        costs = {d.name: move_cost(d, cfg, cfg.forget_s) for d in roomy}
+        measured = [c for c in costs.values() if c is not None]
+        limit = cfg.move_margin * min(measured) if measured else math.inf
+        fit = [d for d in roomy if costs[d.name] is None or costs[d.name] <= limit]
+        best = min(fit, key=lambda d: (placement_cost(d, up, cfg), d.jobs, d.name))
+        return Assignment(best.name, "place", "most headroom")
+    best = min(roomy, key=lambda d: (placement_cost(d, up, cfg), d.jobs, d.name))
+    if cur is None:
+        return Assignment(best.name, "failover", f"{current} is down")
+    if moved_at is not None and now - moved_at < cfg.move_cooldown_s:
+        return Assignment(cur.name, "keep", "cooldown")
+    c_cur = move_cost(cur, cfg)
+    measured = [(c, d) for d in roomy if d is not cur and (c := move_cost(d, cfg)) is not None]
+    if c_cur is None or not measured:
+        return Assignment(cur.name, "keep", "not measured")
+    c_best, target = min(measured, key=lambda x: (x[0], x[1].name))
+    if c_cur > cfg.move_margin * c_best:
+        return Assignment(target.name, "move", f"{cur.name} costs {c_cur / c_best:.1f}x {target.name}")
+    return Assignment(cur.name, "keep", "")
+
+
+# ---- depth by device load ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetView:
+    """One target replica as the policy sees it.
+
+    load: DeviceSample.load (NVML kernel-time share on a GPU, the worker's busy fraction on CPU);
+    sm_active: GPM SM activity where offered; None = unknown / not offered.
+    verify_growth: measured cost of one more verified token relative to a one-token verify
+      (0 while memory-bound); None = not measured yet.
+    draft_wait_share: share of its recent round time spent waiting for drafts.
+    level: its depth level now (routing puts ``shallow`` = saturated replicas last).
+    """
+
+    name: str
+    up: bool = True
+    waiting: int = 0
+    running: int = 0
+    capacity: int = 1
+    load: float | None = None
+    sm_active: float | None = None
+    verify_growth: float | None = None
+    draft_wait_share: float = 0.0
+    level: str = "normal"
+
+    def saturation(self, cfg: RebalanceConfig) -> float | None:
+        """How full the compute units are, in [0, 1]: GPM SM activity where offered; else the load
+        when the measured verify cost grows with tokens (compute-bound), 0 when it does not."""
+        if self.sm_active is not None:
+            return self.sm_active
+        if self.load is None or self.verify_growth is None:
+            return None
+        return self.load if self.verify_growth >= cfg.growth_saturated else 0.0
+
+
+@dataclass(frozen=True)
+class DepthState:
+    """A target's depth level and the evidence gathered for a change (returned by :func:`plan_depth`)."""
+
+    level: str = "normal"
+    changed_at: float = -math.inf
+    want: str = "normal"  # what the latest samples asked for
+    streak: int = 0  # how many samples in a row asked for ``want``
+
+
+def _wanted_level(v: TargetView, level: str, cfg: RebalanceConfig) -> str:
+    if v.load is None:
+        return level  # no telemetry: no evidence either way
+    hi = cfg.high_utilization - (cfg.band if level == "shallow" else 0.0)
+    sat = v.saturation(cfg)
+    if sat is not None and sat >= hi:
+        return "shallow"
+    lo = cfg.low_utilization + (cfg.band if level == "deep" else 0.0)
+    if v.load <= lo and v.draft_wait_share <= cfg.deep_wait_share and v.running > 0:
+        return "deep"  # (an idle target is not underused: it has nothing to verify)
+    return "normal"
+
+
+def plan_depth(v: TargetView, state: DepthState, now: float, cfg: RebalanceConfig) -> DepthState:
+    """One telemetry sample's update of a target's depth level (``level != state.level``: an action)."""
+    want = _wanted_level(v, state.level, cfg)
+    streak = state.streak + 1 if want == state.want else 1
+    if want != state.level and streak >= cfg.depth_samples and now - state.changed_at >= cfg.depth_cooldown_s and v.up:
+        return DepthState(level=want, changed_at=now, want=want, streak=streak)
+    return DepthState(level=state.level, changed_at=state.changed_at, want=want, streak=streak)
+
+
+@dataclass(frozen=True)
+class DepthPlan:
+    """What a depth level means for an adaptive request: k within [k_lo, k_hi], the draft cost the
+    adaptive k sees scaled by ``cost_scale``, pre-drafting forced on/off (None = as configured)."""
+
+    k_lo: int
+    k_hi: int
+    cost_scale: float = 1.0
+    predraft: bool | None = None
+
+
+def depth_plan(level: str, k_min: int, k_max: int, cfg: RebalanceConfig) -> DepthPlan:
+    if level == "deep":
+        return DepthPlan(min(k_min + cfg.deep_extra_k, k_max), k_max, cfg.deep_cost_scale, True)
+    if level == "shallow":
+        return DepthPlan(k_min, max(k_min, k_max // 2), 1.0, False)
+    return DepthPlan(k_min, k_max)
+
+
+# ---- speculation on / off by goodput -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """Measured verify time as a line in tokens verified: t(n) = t1 + slope (n - 1) seconds (flat
+    while memory-bound, growing once compute-bound)."""
+
+    t1: float
+    slope: float
+
+    def time(self, rows: int) -> float:
+        return max(self.t1, self.t1 + self.slope * (rows - 1))
+
+
+@dataclass(frozen=True)
+class SpecJob:
+    """One request of a round.
+
+    a: its acceptance estimate; k: the draft length it would use if speculating (also while
+    switched off; 0 = nothing to decide); auto: AUTO mode (the policy may switch it); off: switched
+    off now; changed_at: when it was last switched; draft_step_s / draft_fixed_s: what a draft of
+    k steps costs on its drafter, draft_fixed_s + k x draft_step_s, queueing included (0 = drafted
+    locally, e.g. n-gram): the round waits for the slowest of its drafts.
+    """
+
+    a: float
+    k: int
+    auto: bool = True
+    off: bool = False
+    changed_at: float = -math.inf
+    draft_step_s: float = 0.0
+    draft_fixed_s: float = 0.0
+
+
+def pooled_acceptance(
+    evidence: Sequence[tuple[float, float]],
+    pool: tuple[float, float] | None = None,
+    weight: float = 8.0,
+    prior: float = 0.6,
+) -> list[float]:
+    """Each request's acceptance from its (accepted, rejections) counts, shrunk toward the pooled
+    estimate by ``weight`` pseudo-observations: a few unlucky rounds of one request do not switch
+    it off, and a request switched off (its own counts frozen) follows the pool. ``pool``: the
+    target's (accepted, rejections) over a longer memory; None = the batch's own counts."""
+    acc, rej = pool if pool is not None else (sum(a for a, _ in evidence), sum(r for _, r in evidence))
+    pooled = acc / (acc + rej) if acc + rej > 0 else prior
+    return [(a + weight * pooled) / (a + r + weight) for a, r in evidence]
+
+
+def round_goodput(jobs: Sequence[SpecJob], off: Sequence[bool], cost: VerifyCost) -> float:
+    """Tokens per second of one round: B tau / T(B (k + 1)) with per-request a and k, T = the verify
+    time of all rows plus the wait for the slowest draft (draft_fixed_s + draft_step_s x k)."""
+    tokens, rows, wait = 0.0, 0, 0.0
+    for j, o in zip(jobs, off):
+        k = 0 if o else j.k
+        tokens += expected_tokens(min(max(j.a, 0.0), 1.0), k)
+        rows += k + 1
+        if k > 0:
+            wait = max(wait, j.draft_fixed_s + j.draft_step_s * k)
+    return tokens / (cost.time(rows) + wait)
+
+
+def plan_speculation(jobs: Sequence[SpecJob], cost: VerifyCost | None, now: float, cfg: RebalanceConfig) -> list[bool]:
+    """New off flags for a round's requests: AUTO requests switch off, lowest acceptance first, as
+    long as that raises the round's goodput. A plan with more requests off than now needs a gain of
+    ``spec_off_margin``, one with fewer ``spec_on_margin``; a request switched less than
+    ``spec_cooldown_s`` ago keeps its state."""
+    current = [j.off for j in jobs]
+    if cost is None or not jobs:
+        return current
+    free = [i for i, j in enumerate(jobs) if j.auto and j.k > 0 and now - j.changed_at >= cfg.spec_cooldown_s]
+    if not free:
+        return current
+    order = sorted(free, key=lambda i: (jobs[i].a, i))
+    best, best_g = current, round_goodput(jobs, current, cost)
+    g_now = best_g
+    for m in range(len(order) + 1):
+        flags = list(current)
+        for n, i in enumerate(order):
+            flags[i] = n < m
+        g = round_goodput(jobs, flags, cost)
+        if g > best_g:
+            best, best_g = flags, g
+    margin = cfg.spec_off_margin if sum(best) > sum(current) else cfg.spec_on_margin
+    return best if best_g > g_now * (1.0 + margin) else current
+
+
+# ---- routing -------------------------------------------------------------------------------------
+
+
+def route_score(t: TargetView, cfg: RebalanceConfig, *, with_level: bool = True) -> float:
+    """Load per slot a new request would find, plus ``saturated_penalty`` on a saturated replica."""
+    score = (t.waiting + t.running + 1) / max(1, t.capacity)
+    if with_level and t.level == "shallow":
+        score += cfg.saturated_penalty
+    return score
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a new request goes (an index into the replicas), and whether that avoided a saturated
+    replica the load alone would have picked (the ``route_around`` action)."""
+
+    index: int
+    around: bool = False
+
+
+def pick_target(targets: Sequence[TargetView], cfg: RebalanceConfig) -> Route:
+    """The replica a new request goes to: up replicas first, least :func:`route_score`."""
+    if not targets:
+        raise ValueError("no target replica to pick from")
+
+    def best(with_level: bool) -> int:
+        return min(
+            range(len(targets)),
+            key=lambda i: (not targets[i].up, route_score(targets[i], cfg, with_level=with_level), i),
+        )
+
+    i = best(True)
+    return Route(i, around=i != best(False))

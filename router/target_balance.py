@@ -1,0 +1,181 @@
+"""The rebalancer's decisions for one target scheduler, applied: its depth level (from its device
+telemetry, every period) and the speculation switch of its AUTO requests (every round).
+
+The decisions themselves are the plain functions of :mod:`router.rebalance`; this class feeds them
+the scheduler's state and applies, logs and counts what they return. With ``rebalance.enabled``
+false it changes nothing (depth ``normal``, speculation by acceptance only).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from router.jobs import Job
+from router.rebalance import (
+    REF_K,
+    DepthPlan,
+    DepthState,
+    DrafterView,
+    SpecJob,
+    TargetView,
+    VerifyCost,
+    depth_plan,
+    plan_depth,
+    plan_speculation,
+    pooled_acceptance,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TargetBalance", "LEVEL_VALUES"]
+
+LEVEL_VALUES = {"shallow": -1, "normal": 0, "deep": 1}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+class TargetBalance:
+    def __init__(self, sched: Any):  # a router.scheduler.TargetScheduler (not imported: no cycle)
+        self.s = sched
+        self.cfg = sched.cfg.rebalance
+        self.depth = DepthState()
+        self.wait_share = 0.0  # EWMA of the share of round time spent waiting for drafts
+        self.pool = (0.0, 0.0)  # (accepted, rejections) of this target's rounds, decayed: ~300 request-rounds
+
+    def observe_outcome(self, drafted: int, accepted: int) -> None:
+        """One request's round: ``accepted`` of ``drafted`` draft tokens (the pooled acceptance)."""
+        if drafted > 0:
+            acc, rej = self.pool
+            self.pool = (0.997 * acc + accepted, 0.997 * rej + (1.0 if accepted < drafted else 0.0))
+
+    # ---- depth ---------------------------------------------------------------------------------
+    @property
+    def depth_plan(self) -> DepthPlan:
+        kp = self.s.cfg.k_policy
+        return depth_plan(self.depth.level if self.cfg.enabled else "normal", kp.k_min, kp.k_max, self.cfg)
+
+    @property
+    def predraft(self) -> bool:
+        plan = self.depth_plan
+        return self.s.cfg.predraft if plan.predraft is None else plan.predraft
+
+    def observe_round(self, draft_wait: float, round_s: float) -> None:
+        if round_s > 0:
+            self.wait_share += 0.2 * (draft_wait / round_s - self.wait_share)
+
+    def view(self) -> TargetView:
+        """The target as the policy sees it."""
+        s = self.s
+        tel = getattr(s.target, "telemetry", None)
+        return TargetView(
+            name=s.target.name,
+            up=s.target.up,
+            waiting=len(s.waiting),
+            running=len(s.running),
+            capacity=s.capacity,
+            load=tel.load if tel is not None else None,
+            sm_active=tel.sm_active if tel is not None else None,
+            verify_growth=s.cost.r if s.cost.line() is not None else None,
+            draft_wait_share=self.wait_share,
+            level=self.depth.level,
+        )
+
+    def update_depth(self, now: float) -> None:
+        """One telemetry sample's depth decision (router/rebalancer.py calls it every period)."""
+        if not self.cfg.enabled:
+            return
+        v = self.view()
+        new = plan_depth(v, self.depth, now, self.cfg)
+        if new.level != self.depth.level:
+            m = self.s.metrics
+            m.rebalance_actions.labels(f"depth_{new.level}").inc()
+            m.depth_level.labels(v.name).set(LEVEL_VALUES[new.level])
+            log.info(
+                "depth_%s: target %s %s -> %s (load %s, SM %s, verify growth %s, draft wait %.0f%% of rounds)",
+                new.level,
+                v.name,
+                self.depth.level,
+                new.level,
+                _pct(v.load),
+                _pct(v.sm_active),
+                _pct(v.verify_growth),
+                100 * v.draft_wait_share,
+            )
+        self.depth = new
+
+    # ---- speculation on / off ------------------------------------------------------------------
+    def _evidence(self, job: Job) -> tuple[float, float]:
+        """(accepted, rejections) of the request: its adaptive k's counts, or its lifetime totals
+        read as if every round with fewer accepted than drafted ended in one rejection."""
+        if job.state.adaptive is not None:
+            return job.state.adaptive.evidence
+        st = job.state.stats
+        return float(st.accepted), float(max(0, min(st.rounds, st.drafted - st.accepted)))
+
+    def cost(self) -> VerifyCost | None:
+        """The measured verify line through recent rounds; None until rounds of different sizes."""
+        fit = self.s.cost.line()
+        if fit is None or fit[0] <= 0:
+            return None
+        return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0))
+
+    def _drafter_for(self, job: Job, views: dict[str, DrafterView]) -> DrafterView | None:
+        """The drafter whose cost the job will see (the pool's measurements): its own, unless the
+        pool would move it (beyond the move margin of the best one) or it has none yet: the best."""
+        measured = [v for v in views.values() if v.step_s is not None]
+        best = min(measured, key=lambda v: v.step_s, default=None)
+        own = views.get(job.drafter) if job.drafter is not None else None
+        if own is None or own.step_s is None or (best is not None and own.step_s > self.cfg.move_margin * best.step_s):
+            return best
+        return own
+
+    def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
+        """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
+        if not self.cfg.enabled or not batch:
+            return ks
+        if sum(self.pool) < self.cfg.spec_min_evidence:
+            return ks  # not enough measured acceptance to decide anything yet
+        now = time.monotonic()
+        acceptance = pooled_acceptance([self._evidence(j) for j in batch], self.pool)
+        pool = self.s.drafting.pool
+        views = {v.name: v for v in pool.views(now) if v.up} if pool is not None else {}
+        drafters = [self._drafter_for(j, views) if j.spec == "draft" else None for j in batch]
+        jobs = [
+            SpecJob(
+                a=a,
+                k=k,
+                auto=j.auto and j.spec != "off",
+                off=j.spec_off,
+                changed_at=j.spec_changed_at,
+                draft_step_s=(d.wait(REF_K) - d.fixed_s) / REF_K if d is not None else 0.0,
+                draft_fixed_s=d.fixed_s if d is not None else 0.0,
+            )
+            for j, k, a, d in zip(batch, ks, acceptance, drafters)
+        ]
+        cost = self.cost()
+        flags = plan_speculation(jobs, cost, now, self.cfg)  # unchanged without a measured cost
+        changed = [(j, off) for j, off in zip(batch, flags) if off != j.spec_off]
+        for j, off in changed:
+            j.spec_off, j.spec_changed_at = off, now
+            self.s.metrics.rebalance_actions.labels("spec_off" if off else "spec_on").inc()
+        if changed:
+            n_off = sum(off for _, off in changed)
+            log.info(
+                "speculation by goodput on %s: %d request(s) off, %d back on (batch of %d; verify %.1f ms "
+                "+ %.2f ms/token, drafts %s ms, acceptance %.2f..%.2f, k %s)",
+                self.s.target.name,
+                n_off,
+                len(changed) - n_off,
+                len(batch),
+                1000 * cost.t1,
+                1000 * cost.slope,
+                [round(1000 * (j.draft_fixed_s + j.draft_step_s * j.k), 1) for j in jobs],
+                min(acceptance),
+                max(acceptance),
+                ks,
+            )
+        return [0 if off else k for k, off in zip(ks, flags)]

@@ -1,0 +1,90 @@
+"""Attention whose result for a query does not depend on the rest of the forward.
+
+torch's scaled_dot_product_attention picks its kernel and its blocking from the shapes of the call:
+the same query gets different bf16 (and float32) outputs in a 1-token decode, inside a k+1-token
+verify, next to a longer row, or over a padded key span (bench/NOTES.md, "bf16 invariance"). Greedy
+speculative decoding is lossless only if it does not (DESIGN.md invariant 2), so this computes
+attention with explicit reductions whose order is fixed by construction:
+
+* scores are one float32 GEMM per kv head (each a dot product over the head dim), the weighted
+  sum of values a float32 GEMM per block of KEY_BLOCK keys, both over a multiple of MIN_GEMM_ROWS
+  query rows (see `query_width`);
+* the softmax subtracts the exact maximum over the visible keys (a max is order-free);
+* the per-block partial sums are combined by a sequential scan over blocks in key order (cumsum),
+  so the blocks past a query's own position add exact zeros and change nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+KEY_BLOCK = 64
+# A CPU GEMM rounds a row according to the block of rows it is computed in (bench/NOTES.md, "bf16
+# invariance"). float32 (MKL): a block of 4 rows one way, a remainder of 1-3 rows another; several
+# threads split the rows in blocks of 4, so only an M that is a multiple of 4 rounds every row the
+# same way. bf16 (oneDNN): M = 1 one way, every M >= 2 the other (measured with 1 to 16 threads).
+MIN_GEMM_ROWS = 4  # float32, and the attention (whose GEMMs are float32 whatever the model dtype)
+MIN_BF16_GEMM_ROWS = 2
+
+
+def gemm_rows(rows: int, dtype: torch.dtype) -> int:
+    """The rows to run a GEMM of `rows` rows over so that each row is rounded as in any other M."""
+    if dtype == torch.bfloat16:
+        return max(rows, MIN_BF16_GEMM_ROWS)
+    return max(1, -(-rows // MIN_GEMM_ROWS)) * MIN_GEMM_ROWS
+
+
+def padded_span(span: int) -> int:
+    """Keys a forward attends over: `span` rounded up to whole key blocks."""
+    return -(-span // KEY_BLOCK) * KEY_BLOCK
+
+
+def query_width(width: int, num_heads: int, num_kv_heads: int) -> int:
+    """Query positions per row (>= width) so that a kv head's score GEMM, which holds
+    num_heads // num_kv_heads heads of every position, has a multiple of MIN_GEMM_ROWS rows."""
+    group = num_heads // num_kv_heads
+    step = MIN_GEMM_ROWS // math.gcd(group, MIN_GEMM_ROWS)
+    return -(-width // step) * step
+
+
+def hidden_keys_bias(positions: torch.Tensor, span: int) -> torch.Tensor:
+    """[B, 1, 1, T, span] float32: 0 where key j <= positions[b, t] (visible), -inf elsewhere.
+    Made once per forward and shared by the layers."""
+    keys = torch.arange(span, device=positions.device)
+    hidden = keys[None, None, :] > positions[:, :, None]
+    bias = torch.zeros(hidden.shape, dtype=torch.float32, device=positions.device).masked_fill_(hidden, float("-inf"))
+    return bias[:, None, None]
+
+
+def invariant_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Causal attention of queries over a row's cached keys, the same for a query in any forward.
+
+    q: [B, H, T, D]; keys, values: [B, Hkv, S, D] with S a multiple of KEY_BLOCK; bias: from
+    `hidden_keys_bias`. Returns [B, H, T, D] in q's dtype. Needs (H // Hkv) * T to be a multiple
+    of MIN_GEMM_ROWS (see `query_width`).
+    """
+    batch, heads, width, dim = q.shape
+    kv_heads, span = keys.shape[1], keys.shape[2]
+    group, blocks = heads // kv_heads, span // KEY_BLOCK
+    rows = group * width
+    if span % KEY_BLOCK or rows % MIN_GEMM_ROWS:
+        raise ValueError(
+            f"invariant_attention: span {span} must be a multiple of {KEY_BLOCK} and "
+            f"(H/Hkv)*T = {rows} a multiple of {MIN_GEMM_ROWS}"
+        )
+    # Head h uses kv head h // group (transformers' repeat_kv): fold the group into the GEMM rows.
+    qf = (q.float() * scale).reshape(batch, kv_heads, rows, dim)
+    # A score is one dot product over D: the GEMM's N (the span) does not change how it is summed.
+    scores = torch.matmul(qf, keys.float().transpose(-1, -2))
+    scores = scores.view(batch, kv_heads, group, width, span) + bias
+    weights = torch.exp(scores - scores.amax(-1, keepdim=True))  # exactly 0 for hidden keys
+    weights = weights.view(batch, kv_heads, rows, blocks, KEY_BLOCK)
+    total = weights.sum(-1).cumsum(-1)[..., -1:]  # [B, Hkv, rows, 1]
+    # The sum over keys is a GEMM over one block at a time (fixed K), then a scan over blocks.
+    vf = values.float().view(batch, kv_heads, blocks, KEY_BLOCK, dim)
+    out = torch.matmul(weights.transpose(2, 3), vf).cumsum(2)[:, :, -1] / total
+    return out.view(batch, heads, width, dim).to(q.dtype)

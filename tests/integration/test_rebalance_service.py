@@ -1,0 +1,252 @@
+"""The rebalancer end to end: 2 target replicas and 2 draft workers (Ray actors, tiny models, real
+gRPC on loopback), the router in this process with one shared drafter pool.
+
+One drafter is slowed at run time (the workers' TEST/BENCHMARK knob ``set_bench_step_delay``): the
+rebalancer shifts the drafts to the fast one. A drafter that dies drops out and comes back. Device
+telemetry reaches the router's /metrics (one drafter reports through the FAKE NVML). Every output
+equals the single-process engine's: rebalancing never changes tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from specdec.core.params import SamplingParams
+from specdec.core.request_state import KPolicy
+from specdec.rpc.client import SpecdecClient
+
+MAX_LEN = 512
+SLOTS = 8
+PERIOD = 0.25  # telemetry and rebalancer period (s)
+FAKE_SCRIPT = [{"gpu": 42, "memory": 7, "used": 1 << 30, "total": 16 << 30, "power_mw": 90_000}]
+
+
+def _config(path, **extra) -> dict:
+    return {
+        "model": str(path),
+        "dtype": "float32",
+        "num_slots": SLOTS,
+        "max_len": MAX_LEN,
+        "threads": 1,
+        "telemetry": {"period_s": PERIOD},
+        **extra,
+    }
+
+
+class Cluster:
+    def __init__(self, router, targets, drafts):
+        self.router, self.targets, self.drafts = router, targets, drafts
+        self.client = SpecdecClient(router.address)
+
+    def metric(self, name: str, labels: dict | None = None) -> float:
+        return self.router.metrics.sample(name, labels) or 0.0
+
+    def drafted(self) -> dict[str, float]:
+        return {f"draft-{i}": self.metric("specdec_draft_sequences_total", {"worker": f"draft-{i}"}) for i in (0, 1)}
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster, actor_reaper, tiny_paths):
+    import ray
+
+    from draft_worker.actor import spawn_draft_worker
+    from router.config import RouterConfig
+    from router.server import RouterThread, TargetBinding
+    from router.workers import ActorEndpoint
+    from target_worker.actor import spawn_target_worker
+
+    targets = [spawn_target_worker(_config(tiny_paths["llama"])) for _ in range(2)]
+    drafts = [
+        spawn_draft_worker(_config(tiny_paths["llama-draft"])),
+        spawn_draft_worker(
+            _config(tiny_paths["llama-draft"], telemetry={"period_s": PERIOD, "fake_nvml": FAKE_SCRIPT})
+        ),
+    ]
+    actor_reaper.extend(targets + drafts)
+    ray.get([h.address.remote() for h in targets + drafts], timeout=300)
+    config = RouterConfig(
+        port=0,
+        metrics_port=0,
+        k_policy=KPolicy(k=3, adaptive=True, k_min=1, k_max=6),
+        micro_batches=1,
+        draft_deadline_s=5.0,
+        draft_deadline_factor=0,  # no deadline-based fail open: the rebalancer has to do the shifting
+        default_max_tokens=64,
+        rebalance={"period_s": PERIOD, "move_cooldown_s": 0.5, "stale_s": 5.0},
+    )
+    bindings = [
+        TargetBinding(
+            "tiny-llama",
+            ActorEndpoint(t, f"target-{i}"),
+            ActorEndpoint(d, f"draft-{i}"),
+            "tiny-llama-draft",
+            tokenizer=str(tiny_paths["llama"]),
+        )
+        for i, (t, d) in enumerate(zip(targets, drafts))
+    ]
+    router = RouterThread(bindings, config).start(connect_timeout=300)
+    c = Cluster(router, targets, drafts)
+    try:
+        yield c
+    finally:
+        c.client.close()
+        router.stop(grace=0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_paths):
+    from specdec.core.build import build_engine
+
+    eng, parts = build_engine(
+        str(tiny_paths["llama"]), str(tiny_paths["llama-draft"]), dtype="float32", num_slots=16, max_len=MAX_LEN
+    )
+    return eng, parts
+
+
+def _encode(engine, text: str) -> list[int]:
+    return list(engine[1].target.tokenizer(text)["input_ids"])
+
+
+def _run_concurrently(client, requests: list[dict], timeout: float = 240) -> list:
+    out: list = [None] * len(requests)
+
+    def one(i: int) -> None:
+        try:
+            out[i] = client.generate(timeout=timeout, **requests[i])
+        except Exception as exc:  # noqa: BLE001 - reported by the assertions below
+            out[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 30)
+    return out
+
+
+def _requests(engine, n: int, max_tokens: int) -> tuple[list[dict], list]:
+    """n requests (greedy, and every third seeded sampling) and the engine's outputs for them."""
+    texts = ["def fib(n):", "hello world, ", "The quick brown fox", "import numpy as np\n", "abcabc", "x = 1\ny ="]
+    reqs, params = [], []
+    for i in range(n):
+        ids = _encode(engine, texts[i % len(texts)])
+        kw = dict(temperature=0.8, top_p=0.9, seed=100 + i) if i % 3 == 2 else {}
+        reqs.append(dict(prompt_token_ids=ids, max_tokens=max_tokens, ignore_eos=True, mode="draft", **kw))
+        params.append(SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw))
+    expected = engine[0].generate([r["prompt_token_ids"] for r in reqs], params)
+    return reqs, expected
+
+
+def _check_outputs(outs, expected) -> None:
+    for i, (o, e) in enumerate(zip(outs, expected)):
+        assert not isinstance(o, Exception), f"request {i}: {o!r}"
+        assert o.token_ids == e.token_ids, f"request {i} differs from the engine"
+
+
+def test_the_pool_serves_both_targets_from_both_drafters_with_the_engines_outputs(cluster, engine):
+    before = cluster.drafted()
+    reqs, expected = _requests(engine, 8, 24)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(outs=_run_concurrently(cluster.client, reqs)))
+    runner.start()
+    peak = [0, 0]  # requests seen on each target replica while they run
+    while runner.is_alive():
+        for i, s in enumerate(cluster.router.router.schedulers):
+            peak[i] = max(peak[i], len(s.running) + len(s.waiting))
+        time.sleep(0.01)
+    runner.join()
+    _check_outputs(result["outs"], expected)
+    assert min(peak) >= 2, peak  # spread over both replicas by load
+    after = cluster.drafted()
+    assert all(after[k] > before[k] for k in after), (before, after)  # both drafters drafted
+
+
+def test_device_telemetry_reaches_the_router_metrics(cluster):
+    t_end = time.monotonic() + 30
+    lab = {"worker": "draft-1", "role": "draft", "device": "cpu"}
+    while cluster.metric("specdec_device_utilization", {**lab, "signal": "kernel"}) != pytest.approx(0.42):
+        assert time.monotonic() < t_end, "the fake NVML's utilization did not reach /metrics"
+        time.sleep(PERIOD)
+    assert cluster.metric("specdec_device_power_watts", lab) == pytest.approx(90.0)
+    assert cluster.metric("specdec_device_memory_used_bytes", lab) == float(1 << 30)
+    # CPU workers: the busy fraction and the process's own figures; no NVML series
+    cpu = {"worker": "target-0", "role": "target", "device": "cpu"}
+    assert 0.0 <= cluster.metric("specdec_device_utilization", {**cpu, "signal": "busy"}) <= 1.0
+    assert cluster.metric("specdec_worker_rss_bytes", {"worker": "target-0", "role": "target"}) > 0
+    assert cluster.router.metrics.sample("specdec_device_power_watts", cpu) is None
+    info = cluster.router.router.pool.client("draft-1").telemetry
+    assert info.source == "nvml" and info.utilization == pytest.approx(0.42)
+
+
+def test_a_slowed_drafter_loses_its_drafts_to_the_fast_one(cluster, engine):
+    import ray
+
+    slow = cluster.drafts[0]
+    reqs, expected = _requests(engine, 6, 160)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(outs=_run_concurrently(cluster.client, reqs)))
+    moves0 = cluster.metric("specdec_rebalance_actions_total", {"action": "draft_move"})
+    runner.start()
+    t_end = time.monotonic() + 60
+    while min(cluster.drafted().values()) < 20:  # both drafters in use
+        assert time.monotonic() < t_end and runner.is_alive(), cluster.drafted()
+        time.sleep(0.05)
+    ray.get(slow.set_bench_step_delay.remote(0.05), timeout=30)  # each draft step 50 ms slower
+    t_slow = time.monotonic()
+    # reaction: from the slowdown until the slow drafter stops getting drafts
+    last, quiet_since, reaction = cluster.drafted(), None, None
+    while runner.is_alive() and time.monotonic() - t_slow < 60:
+        time.sleep(0.05)
+        now = cluster.drafted()
+        if now["draft-0"] == last["draft-0"] and now["draft-1"] > last["draft-1"]:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= 1.0:  # a second of drafts all on the fast one
+                reaction = quiet_since - t_slow
+                break
+        else:
+            quiet_since = None
+        last = now
+    at_shift = cluster.drafted()
+    runner.join(300)
+    ray.get(slow.set_bench_step_delay.remote(0.0), timeout=30)
+    assert reaction is not None, "drafts never shifted to the fast drafter"
+    print(f"drafts shifted {reaction:.2f} s after the slowdown")
+    end = cluster.drafted()
+    fast_share = (end["draft-1"] - at_shift["draft-1"]) / max(1.0, sum(end.values()) - sum(at_shift.values()))
+    assert fast_share >= 0.9, (at_shift, end)
+    assert cluster.metric("specdec_rebalance_actions_total", {"action": "draft_move"}) > moves0
+    _check_outputs(result["outs"], expected)  # moved requests rebuilt their drafter caches: same tokens
+
+
+def test_a_dead_drafter_drops_out_and_comes_back(cluster, engine, wait_for_restart):
+    import ray
+
+    victim = cluster.drafts[1]
+    reqs, expected = _requests(engine, 4, 160)
+    old_pid = ray.get(victim.pid.remote(), timeout=30)
+    fo0 = cluster.metric("specdec_rebalance_actions_total", {"action": "draft_failover"})
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(outs=_run_concurrently(cluster.client, reqs)))
+    runner.start()
+    t_end = time.monotonic() + 60
+    base = cluster.drafted()["draft-1"]
+    while cluster.drafted()["draft-1"] < base + 10:
+        assert time.monotonic() < t_end and runner.is_alive(), cluster.drafted()
+        time.sleep(0.05)
+    ray.kill(victim, no_restart=False)
+    runner.join(300)
+    _check_outputs(result["outs"], expected)
+    assert cluster.metric("specdec_rebalance_actions_total", {"action": "draft_failover"}) > fo0
+    # it comes back (a new process on a new port) and gets drafts again
+    wait_for_restart(victim, old_pid)
+    t_end = time.monotonic() + 60
+    while cluster.metric("specdec_worker_up", {"role": "draft", "worker": "draft-1"}) != 1:
+        assert time.monotonic() < t_end, "the router did not find the restarted drafter"
+        time.sleep(0.1)
+    before = cluster.drafted()["draft-1"]
+    reqs, expected = _requests(engine, 6, 24)
+    _check_outputs(_run_concurrently(cluster.client, reqs), expected)
+    assert cluster.drafted()["draft-1"] > before

@@ -1,0 +1,253 @@
+"""The public API with TLS and bearer tokens, the per-client limit, size bounds and the reaping of a
+frozen client, against the real service (router + Ray workers, tiny models, real gRPC and TLS).
+
+The router here serves TLS with two accepted tokens (a rotation), health exempt, at most 2 calls in
+flight per client, and pings every connection every 0.5 s (0.5 s to answer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from router.access_log import ACCESS_LOGGER
+from specdec.rpc import generate_pb2
+from specdec.rpc.api_security import SecurityConfig
+from specdec.rpc.auth import PUBLIC_HEADER, channel_tls
+from specdec.rpc.client import ResourceExhausted, SpecdecClient, SpecdecError
+from specdec.rpc.client_credentials import ClientCredentials
+from tests.grpc_helpers import run_grpcurl
+from tests.integration.service_fixture import MAX_LEN, MODEL, SLOTS, running_service
+from tests.pki import make_pki
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN_A, TOKEN_B = "token-a-" + "0" * 24, "token-b-rotated-" + "1" * 16
+REFUSED = "missing or invalid credentials"
+GENERATION = "/specdec.v1.Generation/"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pki")
+    files = make_pki(root)
+    (root / "tokens").write_text(f"# the current token and the next one\n{TOKEN_A}\n{TOKEN_B}\n")
+    files["tokens"] = root / "tokens"
+    return files
+
+
+@pytest.fixture(scope="module")
+def secured(ray_cluster, actor_reaper, tiny_paths, pki):
+    security = SecurityConfig(
+        tls_cert=str(pki["server.crt"]), tls_key=str(pki["server.key"]), tokens_file=str(pki["tokens"])
+    )
+    with running_service(
+        actor_reaper,
+        tiny_paths,
+        security=security,
+        credentials=creds(pki, TOKEN_A),
+        max_inflight_per_client=2,
+        keepalive_time_s=0.5,
+        keepalive_timeout_s=0.5,
+        default_max_tokens=8,
+    ) as svc:
+        yield svc
+
+
+def creds(pki, token: str | None, **kw) -> ClientCredentials:
+    return ClientCredentials(token=token, ca=str(pki["ca.crt"]), **kw)
+
+
+def _code(call) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code(), err.value.details()
+
+
+def test_tls_and_bearer_tokens(secured, pki, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    address = secured.router.address
+    with grpc.insecure_channel(address) as plain:  # plaintext to the TLS port: no connection
+        code, _ = _code(lambda: health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5))
+        assert code is grpc.StatusCode.UNAVAILABLE
+    before = secured.metric("specdec_requests_total", {"outcome": "unauthenticated"})
+    for token in (None, "not-the-token-" + "x" * 20, TOKEN_A[:-1]):
+        with SpecdecClient(address, credentials=creds(pki, token)) as client:
+            calls = {
+                "Generate": lambda: client.generate("hi", max_tokens=2, timeout=30),  # noqa: B023
+                "GenerateStream": lambda: list(client.generate_stream("hi", max_tokens=2, timeout=30)),  # noqa: B023
+                "ListModels": lambda: client.list_models(),  # noqa: B023
+                "Tokenize": lambda: client.tokenize("hi"),  # noqa: B023
+            }
+            for name, call in calls.items():
+                assert _code(call) == (grpc.StatusCode.UNAUTHENTICATED, REFUSED), (token, name)
+            assert client.health() == "SERVING"  # exempt: probes need no token
+    # Generate and GenerateStream are counted, each refusal has its access line
+    assert secured.metric("specdec_requests_total", {"outcome": "unauthenticated"}) == before + 6
+    denied = [r.access for r in caplog.records if r.name == ACCESS_LOGGER and r.access["status"] == "UNAUTHENTICATED"]
+    assert len(denied) == 12 and {d["rpc"] for d in denied} == {"Generate", "GenerateStream", "ListModels", "Tokenize"}
+    # both tokens of the rotation work
+    for token in (TOKEN_A, TOKEN_B):
+        with SpecdecClient(address, credentials=creds(pki, token)) as client:
+            assert client.generate("hi", max_tokens=2, timeout=60).usage["completion_tokens"] <= 2
+            assert [m["name"] for m in client.list_models()][0] == MODEL
+    # grpcurl: reflection needs the token too (only health is exempt here)
+    tls = ("-cacert", str(pki["ca.crt"]))
+    out = run_grpcurl(*tls, address, "list")
+    assert out.returncode != 0 and "Unauthenticated" in out.stdout + out.stderr
+    out = run_grpcurl(*tls, "-H", f"{PUBLIC_HEADER}: Bearer {TOKEN_B}", address, "list")
+    assert out.returncode == 0 and "specdec.v1.Generation" in out.stdout.split(), out.stderr
+
+
+def test_mutual_tls(secured, pki, tiny_paths):
+    """A router that requires a client certificate signed by the CA: none is no connection at all."""
+    from router.config import RouterConfig
+    from router.server import RouterThread, TargetBinding
+    from router.workers import ActorEndpoint
+
+    security = SecurityConfig(
+        tls_cert=str(pki["server.crt"]), tls_key=str(pki["server.key"]), tls_client_ca=str(pki["ca.crt"])
+    )
+    binding = TargetBinding(MODEL, ActorEndpoint(secured.target, "target-0"), tokenizer=str(tiny_paths["llama"]))
+    router = RouterThread([binding], RouterConfig(port=0, metrics_port=None), security=security).start(60)
+    try:
+        with pytest.raises(ConnectionError):
+            SpecdecClient(router.address, credentials=creds(pki, None), wait_ready=3)
+        mtls = creds(pki, None, cert=str(pki["client.crt"]), key=str(pki["client.key"]))
+        with SpecdecClient(router.address, credentials=mtls) as client:
+            assert client.generate("hi", max_tokens=2, timeout=60).finish_reason in ("stop", "length")
+    finally:
+        router.stop(grace=0)
+    secured.wait_slots_free()
+
+
+def test_per_client_concurrency_limit(secured, pki):
+    """Two calls in flight per client: a third from the same token is RESOURCE_EXHAUSTED with a
+    RetryInfo, while another client (another token) is served; once one ends, the next goes in."""
+    before = secured.metric("specdec_requests_total", {"outcome": "resource_exhausted"})
+    a = secured.client
+    streams = [a.generate_stream("def fib(n):", max_tokens=MAX_LEN - 16, ignore_eos=True, timeout=120) for _ in "ab"]
+    for s in streams:
+        next(s)  # both are running
+    with pytest.raises(ResourceExhausted) as err:
+        a.generate("hi", max_tokens=2, timeout=30)
+    assert "2 calls in flight" in err.value.details() and 0 < err.value.retry_delay <= 30
+    with SpecdecClient(secured.router.address, credentials=creds(pki, TOKEN_B)) as b:
+        assert b.generate("hi", max_tokens=2, timeout=60).usage["completion_tokens"] <= 2
+    streams[0].close()  # cancels it
+    t_end = time.monotonic() + 10
+    while True:
+        try:
+            a.generate("hi", max_tokens=2, timeout=30)
+            break
+        except ResourceExhausted:
+            assert time.monotonic() < t_end, "the cancelled call still counts"
+            time.sleep(0.1)
+    streams[1].close()
+    assert secured.metric("specdec_requests_total", {"outcome": "resource_exhausted"}) >= before + 1
+    secured.wait_slots_free()
+
+
+def test_message_size_bound(secured, pki):
+    """A request over router.max_message_bytes is refused by gRPC before it reaches the servicer."""
+    big = generate_pb2.GenerateRequest(prompt="x" * (4 << 20)).SerializeToString()
+    with grpc.secure_channel(secured.router.address, channel_tls(pki["ca.crt"])) as ch:
+        call = ch.unary_unary(GENERATION + "Generate")
+        code, details = _code(lambda: call(big, metadata=[(PUBLIC_HEADER, f"Bearer {TOKEN_A}")], timeout=30))
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details
+
+
+_FROZEN_CLIENT = """
+import sys, time
+from specdec.rpc.client import SpecdecClient
+from specdec.rpc.client_credentials import ClientCredentials
+client = SpecdecClient(sys.argv[1], credentials=ClientCredentials.load(ca=sys.argv[2]))
+stream = client.generate_stream(
+    "def fib(n):", max_tokens=int(sys.argv[3]), ignore_eos=True, mode="off", request_id="frozen", timeout=600
+)
+next(stream)
+print("streaming", flush=True)
+time.sleep(600)  # never reads again
+"""
+
+
+def test_frozen_client_is_reaped_and_its_slots_freed(secured, pki, caplog):
+    """A client process stopped mid-stream (SIGSTOP: it neither reads nor answers pings) is dropped
+    by the keepalive (0.5 s + 0.5 s here): its request is cancelled long before it would have ended,
+    and its KV slots are free again."""
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    max_tokens = MAX_LEN - 32
+    env = dict(os.environ, SPECDEC_API_TOKEN=TOKEN_B, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FROZEN_CLIENT, secured.router.address, str(pki["ca.crt"]), str(max_tokens)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "streaming", proc.stderr.read() if proc.poll() is not None else ""
+        os.kill(proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        while True:
+            done = [r.access for r in caplog.records if r.name == ACCESS_LOGGER and r.access["request_id"] == "frozen"]
+            if done:
+                break
+            assert time.monotonic() - t0 < 30, "the frozen client's call is still running"
+            time.sleep(0.1)
+        reaped_after = time.monotonic() - t0
+        secured.wait_slots_free(timeout=10)
+    finally:
+        proc.kill()
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.wait(30)
+    (line,) = done
+    assert line["status"] == "CANCELLED" and line["completion_tokens"] < max_tokens, line
+    assert reaped_after < 10, reaped_after
+    assert secured.worker_info("target").free_slots == SLOTS
+
+
+def test_cli_generate_and_bench_take_credentials(secured, pki, tmp_path, capsys, monkeypatch):
+    from specdec.cli.main import main
+
+    monkeypatch.delenv("SPECDEC_API_TOKEN", raising=False)
+    address, ca = secured.router.address, str(pki["ca.crt"])
+    flags = ["generate", "--server", address, "--prompt", "def fib(n):", "--max-tokens", "4", "--json"]
+    assert main([*flags, "--ca", ca, "--token-file", str(pki["tokens"])]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["usage"]["completion_tokens"] <= 4 and out["server"] == address
+    assert main([*flags, "--ca", ca]) == 1  # no token
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    monkeypatch.setenv("SPECDEC_API_TOKEN", TOKEN_B)  # the default variable
+    assert main([*flags, "--ca", ca]) == 0
+    capsys.readouterr()
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "p0", "prompt": "def fib(n):", "chat": False}) + "\n")
+    report = tmp_path / "bench.json"
+    bench = ["bench", "serve", "--server", address, "--prompts", str(prompts), "--max-tokens", "4"]
+    bench += ["--modes", "off", "--no-warmup", "--metrics-url", "none", "--ca", ca, "--json", str(report)]
+    assert main(bench) == 0
+    (result,) = json.loads(report.read_text())["results"]
+    assert [r["error"] for r in result["records"]] == [None]
+    secured.wait_slots_free()
+
+
+def test_specdec_error_for_unauthenticated_has_no_detail(secured, pki):
+    """The refusal says nothing about which token was close (the same message for all)."""
+    with SpecdecClient(secured.router.address, credentials=creds(pki, TOKEN_A + "x")) as client:
+        with pytest.raises(SpecdecError) as err:
+            client.generate("hi", max_tokens=2, timeout=30)
+    assert err.value.details() == REFUSED
+    with grpc.secure_channel(secured.router.address, channel_tls(pki["ca.crt"])) as ch:
+        code, details = _code(lambda: ch.unary_unary(GENERATION + "NoSuchMethod")(b"", timeout=10))
+    assert code is grpc.StatusCode.UNIMPLEMENTED  # unknown methods: gRPC's own answer, token or not

@@ -1,0 +1,246 @@
+"""A row's logits do not depend on the rest of the forward (issue 15, DESIGN.md invariant 2).
+
+Property: a token sequence fed in random chunks (a prefill, 1-token decodes, k+1-token verifies
+with k up to 12), each chunk in one forward beside 0..7 other rows (prefill, decode or verify at
+random cache lengths, the row at a random place in the batch), gets logits bitwise equal to those
+of the same sequence decoded one token per forward; in bf16 and float32, on tiny Llama and Qwen2
+models and SmolLM2-135M. End to end (bf16, SmolLM2): speculative greedy and seeded output is
+token-for-token the output of the same engine without speculation (k = 0).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specdec.core.attention import gemm_rows
+from specdec.core.drafters import ModelDrafter, NgramProposer, NoDrafter
+from specdec.core.engine import KPolicy, SpecEngine
+from specdec.core.params import SamplingParams
+from specdec.core.runner import ModelRunner
+from tests.conftest import load_hf
+
+SLOTS = 9  # the row under test + up to 8 others
+MAX_LEN = 64
+
+
+@dataclass
+class Case:
+    name: str
+    model: torch.nn.Module
+    sequence: list[int]
+    reference: torch.Tensor  # [len(sequence), vocab]: one token per forward, batch of one
+    examples: int
+
+
+def _decode_one_by_one(model, sequence: list[int], invariant: bool = True) -> torch.Tensor:
+    runner = ModelRunner(model, num_slots=1, max_len=MAX_LEN, invariant_numerics=invariant)
+    slot = runner.alloc_slot()
+    return torch.cat([runner.forward([slot], [[t]])[0] for t in sequence])
+
+
+@pytest.fixture(
+    scope="module",
+    params=[(arch, dtype) for arch in ("llama", "qwen2", "smollm2") for dtype in (torch.bfloat16, torch.float32)],
+    ids=lambda p: f"{p[0]}-{str(p[1]).removeprefix('torch.')}",
+)
+def case(request, tiny_paths) -> Case:
+    arch, dtype = request.param
+    path = request.getfixturevalue("smollm_path") if arch == "smollm2" else tiny_paths[arch]
+    model = load_hf(path, dtype=dtype)
+    small = arch != "smollm2"
+    gen = random.Random(0)
+    sequence = [gen.randrange(model.config.vocab_size) for _ in range(32 if small else 20)]
+    return Case(arch, model, sequence, _decode_one_by_one(model, sequence), examples=10 if small else 3)
+
+
+def _feed_in_chunks(case: Case, draw: Callable, invariant: bool = True) -> None:
+    """Feed the case's sequence in drawn chunks beside drawn other rows; compare with the reference."""
+    runner = ModelRunner(case.model, num_slots=SLOTS, max_len=MAX_LEN, invariant_numerics=invariant)
+    me, *others = [runner.alloc_slot() for _ in range(SLOTS)]
+    rng = draw(st.randoms(use_true_random=False))
+    vocab, seq, at = case.model.config.vocab_size, case.sequence, 0
+    while at < len(seq):
+        # The first chunk may be a prefill of most of the sequence; then decodes and verifies.
+        n = draw(st.integers(1, len(seq) - 1 if at == 0 else min(13, len(seq) - at)))
+        rows = [(me, seq[at : at + n], n)]
+        for slot in draw(st.permutations(others))[: draw(st.integers(0, len(others)))]:
+            runner.rollback(slot, rng.randint(0, min(runner.lengths[slot], MAX_LEN - 16)))
+            size = rng.choice([1, rng.randint(2, 13), rng.randint(2, 16)])
+            rows.append((slot, [rng.randrange(vocab) for _ in range(size)], rng.randint(0, size)))
+        rng.shuffle(rows)
+        out = runner.forward([r[0] for r in rows], [r[1] for r in rows], num_logits=[r[2] for r in rows])
+        got, want = out[[r[0] for r in rows].index(me)], case.reference[at : at + n]
+        assert torch.equal(got, want), (
+            f"{case.name}: positions {at}..{at + n - 1} in a batch of {len(rows)} rows (lengths "
+            f"{[len(r[1]) for r in rows]}): max |diff| {(got - want).abs().max().item():.3g}"
+        )
+        at += n
+
+
+def _check_property(case: Case, examples: int) -> None:
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(st.data())
+    def check(data):
+        _feed_in_chunks(case, data.draw)
+
+    check()
+
+
+def test_row_logits_do_not_depend_on_the_rest_of_the_forward(case):
+    _check_property(case, case.examples)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gemm_row_rule_holds_with_two_threads(dtype):
+    """The row counts `gemm_rows` pads to give every row the rounding it gets in any other such GEMM,
+    also when threads split the rows (float32 MKL splits them in blocks of 4; the forward tests above
+    run with one thread, the service with more)."""
+    gen = torch.Generator().manual_seed(0)
+    # Qwen2.5-1.5B's up_proj shape: bf16 rounds a lone row differently in a few of its outputs.
+    w = (torch.randn(8960, 1536, generator=gen) * 0.05).to(dtype)
+    x = torch.randn(16, 1536, generator=gen).to(dtype)
+    want = torch.nn.functional.linear(x, w)  # one thread, 16 rows
+    torch.set_num_threads(2)
+    for m in range(1, 14):
+        rows = gemm_rows(m, dtype)
+        got = torch.nn.functional.linear(torch.cat([x[:m], x.new_zeros(rows - m, 1536)]), w)[:m]
+        assert torch.equal(got, want[:m]), f"{m} rows padded to {rows}"
+
+
+def test_the_fast_forward_is_not_invariant(smollm_path):
+    """Why the invariant forward exists, and proof the comparison above can fail: with SDPA and
+    unpadded GEMMs, the same positions get other bf16 logits in a verify than in decodes."""
+    model = load_hf(smollm_path, dtype=torch.bfloat16)
+    seq = random.Random(1).sample(range(model.config.vocab_size), 20)
+    decoded = _decode_one_by_one(model, seq, invariant=False)
+    runner = ModelRunner(model, num_slots=1, max_len=MAX_LEN, invariant_numerics=False)
+    slot = runner.alloc_slot()
+    verified = torch.cat(
+        [runner.forward([slot], [seq[:7]], num_logits=7)[0], runner.forward([slot], [seq[7:]], num_logits=13)[0]]
+    )
+    assert not torch.equal(verified, decoded)
+
+
+# ---- end to end: speculation changes nothing ------------------------------------------------------
+
+CHAT = [
+    "Give me three tips for sleeping better.",
+    "Explain what a binary search does.",
+    "Name two planets and say one fact about each.",
+]
+
+
+def chat_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
+    out = []
+    for text in texts:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return out
+
+
+def assert_speculation_changes_nothing(
+    target,
+    tokenizer,
+    drafters: dict[str, Callable[[], object]],
+    prompts: list[list[int]],
+    max_tokens: int,
+    eos: set[int],
+) -> None:
+    """Greedy output with a draft model (fixed and adaptive k) and the n-gram drafter, and seeded
+    (invariant) output with both drafters, is the output of the target alone (k = 0), token for token."""
+
+    def engine(drafter, policy: KPolicy) -> SpecEngine:
+        runner = ModelRunner(target, num_slots=len(prompts), max_len=max(map(len, prompts)) + max_tokens + 16)
+        return SpecEngine(runner, tokenizer, drafter, policy, eos_token_ids=eos)
+
+    configs = [
+        ("model k=4", "model", KPolicy(k=4)),
+        ("ngram k=3", "ngram", KPolicy(k=3)),
+        ("model adaptive k", "model", KPolicy(k=3, adaptive=True)),
+    ]
+    greedy, seeded = (
+        SamplingParams(max_tokens=max_tokens),
+        SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=7),
+    )
+    for params, runs in ((greedy, configs), (seeded, configs[:2])):
+        alone = [r.token_ids for r in engine(NoDrafter(), KPolicy(k=0)).generate(prompts, params)]
+        for name, drafter, policy in runs:
+            results = engine(drafters[drafter](), policy).generate(prompts, params)
+            for i, (res, want) in enumerate(zip(results, alone)):
+                parts = next((j for j, (a, b) in enumerate(zip(res.token_ids, want)) if a != b), None)
+                assert res.token_ids == want, (
+                    f"{name}, temperature {params.temperature}: prompt {i} parts at token {parts}"
+                )
+            assert sum(r.stats.drafted for r in results) > 0
+
+
+def test_speculation_is_lossless_in_bf16_smollm(smollm_path):
+    target = load_hf(smollm_path, dtype=torch.bfloat16)
+    tokenizer = AutoTokenizer.from_pretrained(smollm_path)
+    # A real, cheaper draft with the same vocabulary: SmolLM2's first 8 of 30 layers.
+    draft = AutoModelForCausalLM.from_pretrained(smollm_path, dtype=torch.bfloat16, num_hidden_layers=8).eval()
+    drafters = {
+        "model": lambda: ModelDrafter(ModelRunner(draft, num_slots=4, max_len=256, invariant_numerics=False)),
+        "ngram": NgramProposer,
+    }
+    assert_speculation_changes_nothing(
+        target, tokenizer, drafters, chat_prompts(tokenizer, CHAT), 24, {tokenizer.eos_token_id}
+    )
+
+
+QWEN_TARGET, QWEN_DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+MORE_CHAT = CHAT + [
+    "What is the capital of France? Answer in one sentence.",
+    "Write a haiku about the sea.",
+    "How do I boil an egg?",
+    "Why is the sky blue?",
+    "Suggest a name for a grey cat.",
+    "What should I pack for a weekend hike?",
+    "Summarise the plot of Romeo and Juliet in two sentences.",
+    "How many minutes are in a day? Show the sum.",
+    "Write a short thank-you note to a neighbour.",
+    "What is the difference between weather and climate?",
+    "Give me a simple recipe for pancakes.",
+    "Translate 'good morning' into Spanish and French.",
+    "What are three uses of a paperclip?",
+    "Explain photosynthesis to a ten-year-old.",
+    "List four primary school subjects.",
+    "How does a bicycle stay upright?",
+    "Tell me a joke about computers.",
+    "What is a prime number? Give two examples.",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SPECDEC_SLOW") != "1", reason="opt-in: SPECDEC_SLOW=1")
+def test_speculation_is_lossless_in_bf16_qwen_pair():
+    from specdec import packs
+    from specdec.core.build import make_model_drafter
+    from specdec.core.models import load_model
+
+    if not (packs.is_ready(QWEN_TARGET) and packs.is_ready(QWEN_DRAFT)):
+        pytest.skip(f"prepare the packs first: specdec models prepare {QWEN_TARGET} (and {QWEN_DRAFT})")
+    torch.set_num_threads(2)
+    target = load_model(QWEN_TARGET, dtype="bfloat16")
+    draft = load_model(QWEN_DRAFT, dtype="bfloat16")
+    prompts = chat_prompts(target.tokenizer, MORE_CHAT)
+    # The production draft: int8 weights, a vocabulary subset, prompt-lookup guesses.
+    drafters = {"model": lambda: make_model_drafter(draft, len(prompts), 512), "ngram": NgramProposer}
+    assert_speculation_changes_nothing(target.model, target.tokenizer, drafters, prompts, 64, target.eos_token_ids)
