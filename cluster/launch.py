@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -130,9 +131,8 @@ def _spawn(pool: PoolConfig, role: str) -> list:
 
 def _known_nodes(cfg: ServeConfig) -> list[dict[str, float]] | None:
     """Total resources per node: the running cluster's, the embedded one's to be, or None (not joined yet)."""
-    import ray
-
-    if ray.is_initialized():
+    ray = sys.modules.get("ray")  # not imported here: Ray reads RAY_AUTH_MODE once, at import (start_ray)
+    if ray is not None and ray.is_initialized():
         return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
     if cfg.ray.address is None:
         num_cpus, resources = embedded_node(cfg)

@@ -42,7 +42,8 @@ __all__ = ["DrafterPool"]
 _calls = itertools.count()
 _FIT_WEIGHT = 0.2  # of each call in a drafter's wait line
 _SURPRISE = 2.0  # a call this many times slower (or faster) than the line predicts is a surprise ...
-_SURPRISES = 2  # ... and this many in a row mean the drafter changed: the fit starts over
+_SURPRISES = 3  # ... and this many in a row mean the drafter changed: the fit starts over
+_SETTLED = 6  # calls in a fit before it is trusted to call anything a surprise
 
 
 @dataclass
@@ -61,6 +62,8 @@ class _Drafter:
     measured_at: float = -math.inf
     waits: LineFit = field(default_factory=lambda: LineFit(_FIT_WEIGHT))  # a call's wait by its draft steps
     surprises: int = 0  # consecutive calls far off the fitted line (+ slower, - faster)
+    calls: int = 0  # calls in the current fit
+    restarts: int = 0  # the client's restart count when last measured
     running: dict[int, tuple[float, int]] = field(default_factory=dict)  # call -> (start, draft steps)
     jobs: set[str] = field(default_factory=set)  # keys of the requests drafting here
     late: asyncio.Task | None = None  # a Propose that missed its round's deadline, still running
@@ -185,7 +188,7 @@ class DrafterPool:
         now = self.clock()
         wait = now - (t0 if since is None else min(since, t0))
         fresh = now - d.measured_at <= self.policy.stale_s and d.step_s is not None
-        if fresh:
+        if fresh and d.calls >= _SETTLED:
             predicted = d.fixed_s + max(0.0, d.step_s - d.fixed_s / REF_K) * steps
             off = 1 if wait > _SURPRISE * predicted else -1 if wait * _SURPRISE < predicted else 0
             d.surprises = d.surprises + off if off and off * d.surprises >= 0 else off
@@ -199,8 +202,9 @@ class DrafterPool:
                 )
                 fresh, d.surprises = False, 0
         if not fresh:
-            d.waits = LineFit(_FIT_WEIGHT)  # a new regime (first call, back after a pause, or changed)
+            d.waits, d.calls = LineFit(_FIT_WEIGHT), 0  # a new regime (first call, back after a pause, or changed)
         d.waits.add(float(steps), wait)
+        d.calls += 1
         line = d.waits.line(at=0.0)
         if line is not None and line[0] >= 0 and line[1] > 0:
             d.fixed_s, d.step_s = line[0], (line[0] + line[1] * REF_K) / REF_K
@@ -222,6 +226,9 @@ class DrafterPool:
         return d is not None and d.late is not None and not d.late.done()
 
     def view(self, d: _Drafter, now: float) -> DrafterView:
+        if d.client.restarts != d.restarts:  # a new process: what was measured is of the old one
+            d.restarts = d.client.restarts
+            d.step_s, d.fixed_s, d.measured_at, d.calls, d.surprises = None, 0.0, -math.inf, 0, 0
         step, age = d.step_s, now - d.measured_at
         if step is not None:  # a call running past its expected time says the drafter is slower now
             for t0, steps in d.running.values():

@@ -38,7 +38,8 @@ Series:
   (-1 shallow, 0 normal, 1 deep), ``specdec_drafter_step_seconds{worker}`` (measured seconds per
   draft step), ``specdec_draft_sequences_total{worker}`` (sequences drafted by each drafter).
 * ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
-  polled every few seconds by router.worker_stats): a leak shows as a count that stays low when idle.
+  polled every ``rebalance.period_s`` by router.rebalancer): a leak shows as a count that stays low
+  when idle.
 * ``specdec_process_*``: the router process's resident memory, CPU time and open file descriptors
   (prometheus_client's process collector).
 """

@@ -83,6 +83,7 @@ class Rebalancer:
             log.debug("telemetry poll of %s failed: %s", w.name, exc)
             return
         w.info = info
+        self.metrics.worker_free_slots.labels(w.role, w.name).set(info.free_slots)
         if info.HasField("telemetry"):
             w.telemetry = sample_from_proto(info.telemetry)
             self.metrics.record_device(w.name, w.role, w.telemetry)

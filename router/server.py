@@ -38,7 +38,6 @@ from router.retry import worker_recovery_estimate
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
 from router.tokenizer_link import TokenizerMismatch, drafter_mismatch, fetch_detokenizer
-from router.worker_stats import poll_free_slots
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
 from specdec.core.tokenizer_spec import vocab_fingerprint
 from specdec.rpc import generate_pb2, generate_pb2_grpc
@@ -96,7 +95,6 @@ class Router:
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
-        self._slots_task: asyncio.Task | None = None
         self._detoks: dict[Path, Detokenizer] = {}
         self.target_fingerprints: dict[str, str] = {}  # target name -> tokenizer fingerprint
         self.refused: dict[str, str] = {}  # drafter name -> why (tokenizer mismatch)
@@ -180,9 +178,6 @@ class Router:
             interceptors=[*self.security.aio_interceptors(servicer.denied), limiter],
             credentials=self.security.server_credentials(),
         )
-        self._slots_task = asyncio.get_running_loop().create_task(
-            poll_free_slots(lambda: self.targets + [d for d in self.drafts if d is not None], self.metrics)
-        )
         if cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
         log.info(
@@ -201,8 +196,6 @@ class Router:
         await self.rebalancer.stop()
         if self.autoscaler is not None:
             await self.autoscaler.stop()
-        if self._slots_task is not None:
-            self._slots_task.cancel()
         if self.server is not None:
             await self.server.stop(1.0)
         for w in self.targets + self.pool.clients:

@@ -24,6 +24,7 @@ import uuid
 
 from specdec.rpc.worker_config import WorkerConfig
 from specdec.rpc.worker_host import WorkerHost, actor_options, placement_bundle
+from specdec.rpc.worker_secret import current_secret
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ __all__ = ["TargetGroup", "TargetRank", "spawn_target_group"]
 class TargetRank:
     """One rank of a tensor-parallel target group."""
 
-    def __init__(self, config: dict, rank: int, world: int, timeout_s: float):
+    def __init__(self, config: dict, rank: int, world: int, timeout_s: float, secret: str | None = None):
         import torch
 
         from specdec.core.models import load_model
@@ -59,6 +60,7 @@ class TargetRank:
         self.runner = self.spec.build_runner(self.loaded.model)
         self.leader = None
         self.host: WorkerHost | None = None
+        self._secret = secret  # the worker secret rank 0 serves with (specdec.rpc.worker_secret)
 
     def rendezvous(self) -> str:
         """Rank 0: 'host:port' where the group meets (a free port on this node)."""
@@ -82,7 +84,10 @@ class TargetRank:
             self.leader = runner
             servicer = target_servicer(self.cfg, self.loaded, runner)
             self.host = WorkerHost(
-                self.cfg, [(worker_pb2_grpc.add_TargetServiceServicer_to_server, servicer, SERVICE_NAME)], servicer
+                self.cfg,
+                [(worker_pb2_grpc.add_TargetServiceServicer_to_server, servicer, SERVICE_NAME)],
+                servicer,
+                secret=self._secret,
             )
 
     def run(self) -> str:
@@ -125,8 +130,10 @@ class TargetGroup:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         group_id: str | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
+        secret: str | None = None,
     ):
         self.cfg = WorkerConfig.from_dict(config)
+        self._secret = secret
         self.world = tensor_parallel
         self.placement = placement
         self.timeout_s = timeout_s
@@ -179,7 +186,7 @@ class TargetGroup:
             ranks.append(
                 ray.remote(TargetRank)
                 .options(max_concurrency=4, **opts)
-                .remote(config, rank, self.world, self.timeout_s)
+                .remote(config, rank, self.world, self.timeout_s, self._secret)
             )
         try:
             master = ray.get(ranks[0].rendezvous.remote(), timeout=self.start_timeout_s)
@@ -303,5 +310,5 @@ def spawn_target_group(
     return (
         ray.remote(TargetGroup)
         .options(**opts)
-        .remote(cfg.to_dict(), tensor_parallel, placement, timeout_s, uuid.uuid4().hex[:8])
+        .remote(cfg.to_dict(), tensor_parallel, placement, timeout_s, uuid.uuid4().hex[:8], secret=current_secret())
     )

@@ -67,3 +67,14 @@ def load_hf(path, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `slow` (the big model pair, timing comparisons, Ray autoscaling runs) run only with
+    SPECDEC_SLOW=1; otherwise they are reported as skipped, with that reason."""
+    if os.environ.get("SPECDEC_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="opt-in: SPECDEC_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -26,6 +26,7 @@ def plot_serve(result: dict[str, Any], path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     series = load_series(result)
     if not series:
@@ -46,6 +47,7 @@ def plot_serve(result: dict[str, Any], path: str | Path) -> Path:
         )
     for ax, ylabel in ((ax_t, "throughput (tokens/s)"), (ax_l, "time per output token (ms)")):
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("load: concurrent clients, or arrival rate (requests/s)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)

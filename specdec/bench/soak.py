@@ -6,8 +6,9 @@ cancelled after its first chunks, a stream with a deadline too short to finish, 
 server refuses. Every ``sample_s`` seconds (and once the load has stopped and the service is idle):
 the router's resident memory and open file descriptors, the running and queued requests, and each
 worker's free KV slots (the router's ``/metrics``: ``specdec_process_*``,
-``specdec_worker_free_slots``); and the worker processes' memory when the service runs on this
-machine (found under the process that listens on the server's port, through ``/proc``).
+``specdec_worker_free_slots``); and the worker processes' memory, through ``/proc`` when the
+service runs on this machine (found under the process that listens on the server's port), else
+from their own telemetry (``specdec_worker_rss_bytes``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def _local_processes(address: str) -> dict[str, psutil.Process]:
     return found
 
 
+def _label(series: str, name: str) -> str:
+    return series.split(f'{name}="', 1)[1].split('"', 1)[0]
+
+
 def _sample(t0: float, url: str | None, procs: dict[str, psutil.Process], done: int) -> dict[str, Any]:
     m = _metrics(url)
     rss = {}
@@ -95,11 +100,10 @@ def _sample(t0: float, url: str | None, procs: dict[str, psutil.Process], done: 
             rss[name] = None
     if "router" not in rss and "specdec_process_resident_memory_bytes" in m:
         rss["router"] = round(m["specdec_process_resident_memory_bytes"] / 2**20, 1)
-    slots = {
-        k.split('worker="', 1)[1].split('"', 1)[0]: int(v)
-        for k, v in m.items()
-        if k.startswith("specdec_worker_free_slots{")
-    }
+    for key, value in m.items():  # the workers' own telemetry, when they are not on this machine
+        if key.startswith("specdec_worker_rss_bytes{"):
+            rss.setdefault(_label(key, "worker"), round(value / 2**20, 1))
+    slots = {_label(k, "worker"): int(v) for k, v in m.items() if k.startswith("specdec_worker_free_slots{")}
     return {
         "t_s": round(time.monotonic() - t0, 1),
         "rss_mb": rss,
@@ -178,13 +182,13 @@ def soak(
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(options.clients)]
     for t in threads:
         t.start()
-    while any(t.is_alive() for t in threads):
-        time.sleep(min(options.sample_s, max(0.1, t_end - time.monotonic())))
+    while time.monotonic() < t_end:
+        time.sleep(max(0.0, min(options.sample_s, t_end - time.monotonic())))
         samples.append(_sample(t0, metrics_url, procs, load.done))
         progress(f"{samples[-1]['t_s']:.0f} s: {load.done} requests, RSS MiB {samples[-1]['rss_mb']}")
-    for t in threads:
+    for t in threads:  # the requests in flight finish
         t.join()
-    # idle again: the workers report their slots every few seconds (router.worker_stats.PERIOD_S)
+    # idle again: the router polls the workers' slots every rebalance.period_s (a second by default)
     time.sleep(12.0)
     samples.append(_sample(t0, metrics_url, procs, load.done))
     client.close()

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 __all__ = ["GroupFailure", "LeaderRunner", "follow"]
 
 OP_FORWARD, OP_NOOP, OP_STOP = 1, 2, 3
+OP_FORWARD_FAST = 4  # a forward with the runner's fast (not batch-invariant) numerics
 _HEADER = 4  # op, sequence number, rows, payload length
 
 
@@ -119,14 +120,20 @@ class LeaderRunner:
 
     @torch.inference_mode()
     def forward(
-        self, slots: Sequence[int], tokens: Sequence[Sequence[int]], num_logits: int | Sequence[int] = 1
+        self,
+        slots: Sequence[int],
+        tokens: Sequence[Sequence[int]],
+        num_logits: int | Sequence[int] = 1,
+        invariant: bool | None = None,
     ) -> list[torch.Tensor]:
         n_logits = [num_logits] * len(slots) if isinstance(num_logits, int) else list(num_logits)
+        invariant = self.runner.invariant_numerics if invariant is None else invariant
+        op = OP_FORWARD if invariant else OP_FORWARD_FAST  # every rank takes the same numerics
         with self._lock:
             starts = [self.runner.lengths[s] for s in slots]
-            self._command(OP_FORWARD, len(slots), _encode(slots, starts, tokens, n_logits))
+            self._command(op, len(slots), _encode(slots, starts, tokens, n_logits))
             try:
-                return self.runner.forward(slots, tokens, n_logits)
+                return self.runner.forward(slots, tokens, n_logits, invariant=invariant)
             except GroupFailure:
                 raise
             except RunnerError:  # refused before any collective; the followers refuse it too
@@ -176,7 +183,7 @@ def follow(runner: ModelRunner, group=None) -> None:
             return
         if op == OP_NOOP:
             continue
-        if op != OP_FORWARD:
+        if op not in (OP_FORWARD, OP_FORWARD_FAST):
             raise GroupFailure(f"unknown command {op}")
         slots, starts, tokens, n_logits = _decode(rows, payload)
         for slot, start in zip(slots, starts):
@@ -184,7 +191,7 @@ def follow(runner: ModelRunner, group=None) -> None:
             del runner.slot_tokens[slot][start:]
         try:
             with torch.inference_mode():
-                runner.forward(slots, tokens, [0] * rows if skip_head else n_logits)
+                runner.forward(slots, tokens, [0] * rows if skip_head else n_logits, invariant=op == OP_FORWARD)
         except RunnerError as exc:  # rank 0 refused the same call before any collective
             log.info("follower: forward refused like on rank 0: %s", exc)
         except Exception as exc:  # noqa: BLE001

@@ -191,7 +191,10 @@ class SpecdecClient:
                 grpc.channel_ready_future(self.channel).result(timeout=wait_ready)
             except grpc.FutureTimeoutError:
                 self.channel.close()
-                raise ConnectionError(f"no specdec server answers at {address} (waited {wait_ready:.0f} s)") from None
+                hint = "; with TLS, check the CA and client certificate" if self.credentials.secure else ""
+                raise ConnectionError(
+                    f"no specdec server answers at {address} (waited {wait_ready:.0f} s{hint})"
+                ) from None
 
     def _timeout(self, timeout: float | None) -> float | None:
         return timeout if timeout is not None else self.timeout

@@ -148,9 +148,10 @@ def advertised_host(config: WorkerConfig, node_ip: str | None = None) -> str:
 
 def worker_limits(config: WorkerConfig) -> ConnectionLimits:
     """The worker server's bounds: the largest message a legitimate round sends (every slot with a
-    full context and a full draft with its sparse distributions), with room to spare."""
+    full context and a full draft with its sparse distributions), with room to spare, and the
+    largest reply: GetTokenizer's tokenizer.json (about 7 MB for the Qwen models)."""
     per_sequence = config.max_len + config.max_k * (1 + 2 * max(config.top_k_sent, 64))
-    return ConnectionLimits(max_message_bytes=(1 << 20) + 10 * config.num_slots * per_sequence)
+    return ConnectionLimits(max_message_bytes=(32 << 20) + 10 * config.num_slots * per_sequence)
 
 
 def ray_facts() -> dict:

@@ -63,7 +63,8 @@ def served(smollm_path, tmp_path_factory):
     path.write_text(yaml.safe_dump(config))
     log = open(tmp / "serve.log", "w+")
     env = _env()
-    env.pop("SPECDEC_WORKER_SECRET", None)  # `specdec serve` makes its own, as for a user
+    for name in ("SPECDEC_WORKER_SECRET", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        env.pop(name, None)  # as in a user's shell: `specdec serve` makes its own secret and Ray token
     proc = subprocess.Popen(
         [*SPECDEC, "serve", "--config", str(path), "--log-format", "json"],
         cwd=REPO,

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec.rpc import generate_pb2
-from tests.integration.service_fixture import MAX_LEN, MODEL, running_service
+from tests.integration.service_fixture import MAX_LEN, MODEL, SLOTS, running_service
 
 VOCAB = 259  # specdec.core.tiny: 256 bytes + 3 specials
 INT32 = st.integers(-(2**31), 2**31 - 1)
@@ -233,6 +233,10 @@ def test_the_service_is_as_it_was(fuzzed):
     assert tally.codes.get("OK", 0) > 150 and tally.codes.get("INVALID_ARGUMENT", 0) > 300, tally.codes
     assert fuzzed.client.health() == "SERVING"
     fuzzed.wait_slots_free(timeout=30)
+    t_end = time.monotonic() + 15  # the router's gauge says so too, from its own poll of the workers' Info
+    while fuzzed.metric("specdec_worker_free_slots", {"role": "target", "worker": "target-0"}) != SLOTS:
+        assert time.monotonic() < t_end, "specdec_worker_free_slots never showed the free slots"
+        time.sleep(0.2)
     out = fuzzed.client.generate("def fib(n):", max_tokens=4, ignore_eos=True, timeout=60)
     assert len(out.token_ids) == 4
     time.sleep(1.0)

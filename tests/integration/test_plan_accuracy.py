@@ -19,6 +19,9 @@ import pytest
 
 from tests.conftest import SMOLLM
 
+# A timing comparison (predicted vs measured): meaningful on a quiet machine only, so opt-in.
+pytestmark = pytest.mark.slow
+
 MAX_TOKENS = 24
 REQUESTS = 4
 RATE = 2.0
