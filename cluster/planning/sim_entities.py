@@ -54,6 +54,7 @@ class SimClient:
     worker: Worker
     slots: int
     up: bool = True
+    restarts: int = 0  # simulated workers never restart
     telemetry: SimTelemetry = field(default_factory=SimTelemetry)
     busy_mark: float = 0.0  # Worker.busy at the last telemetry sample
 
