@@ -24,6 +24,7 @@ import itertools
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from router.config import RouterConfig
@@ -71,8 +72,9 @@ class _Drafter:
 
 
 class DrafterPool:
-    def __init__(self, config: RouterConfig, metrics: Metrics):
+    def __init__(self, config: RouterConfig, metrics: Metrics, clock: Callable[[], float] = time.monotonic):
         self.cfg = config
+        self.clock = clock  # the capacity simulator passes its simulated time
         self.policy = config.rebalance
         self.metrics = metrics
         self._d: dict[str, _Drafter] = {}
@@ -171,7 +173,7 @@ class DrafterPool:
         call = next(_calls)
         d = self._d.get(name)
         if d is not None:
-            d.running[call] = (time.monotonic(), steps)
+            d.running[call] = (self.clock(), steps)
         return call
 
     def end(self, name: str, call: int, ok: bool, since: float | None = None) -> None:
@@ -183,7 +185,7 @@ class DrafterPool:
         t0, steps = d.running.pop(call)
         if not ok or steps <= 0:
             return
-        now = time.monotonic()
+        now = self.clock()
         wait = now - (t0 if since is None else min(since, t0))
         fresh = now - d.measured_at <= self.policy.stale_s and d.step_s is not None
         if fresh and d.calls >= _SETTLED:
@@ -248,7 +250,7 @@ class DrafterPool:
         )
 
     def views(self, now: float | None = None) -> list[DrafterView]:
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         return [self.view(d, now) for d in self._d.values()]
 
     # ---- assignment ----------------------------------------------------------------------------
@@ -261,9 +263,9 @@ class DrafterPool:
             if d is None or not d.client.up:
                 return None
             if job.drafter != home:
-                self._place(job, d, time.monotonic())
+                self._place(job, d, self.clock())
             return home
-        now = time.monotonic()
+        now = self.clock()
         a = assign_drafter(job.drafter, self.views(now), moved_at=job.drafter_at, now=now, cfg=self.policy)
         if a.drafter is None or a.drafter == job.drafter:
             d = self._d.get(job.drafter) if job.drafter is not None else None

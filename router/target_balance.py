@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from router.jobs import Job
@@ -39,8 +40,9 @@ def _pct(x: float | None) -> str:
 
 
 class TargetBalance:
-    def __init__(self, sched: Any):  # a router.scheduler.TargetScheduler (not imported: no cycle)
-        self.s = sched
+    def __init__(self, sched: Any, clock: Callable[[], float] = time.monotonic):
+        self.s = sched  # a router.scheduler.TargetScheduler (not imported: no cycle), or the simulator's
+        self.clock = clock
         self.cfg = sched.cfg.rebalance
         self.depth = DepthState()
         self.wait_share = 0.0  # EWMA of the share of round time spent waiting for drafts
@@ -139,7 +141,7 @@ class TargetBalance:
             return ks
         if sum(self.pool) < self.cfg.spec_min_evidence:
             return ks  # not enough measured acceptance to decide anything yet
-        now = time.monotonic()
+        now = self.clock()
         acceptance = pooled_acceptance([self._evidence(j) for j in batch], self.pool)
         pool = self.s.drafting.pool
         views = {v.name: v for v in pool.views(now) if v.up} if pool is not None else {}

@@ -13,6 +13,7 @@ Forward timing is :func:`specdec.bench.runner.forward_times`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 import time
@@ -49,11 +50,25 @@ class ProfileOptions:
 
 
 class _Budget:
+    """The time, shared out between the parts: each part ends by its point of the budget (its
+    share and those before it) and always gets its first measurement while any time is left, so a
+    slow machine yields a coarser profile of every part rather than a fine grid and nothing else.
+    The parts without which the profile predicts nothing (the target's forwards and prefill, the
+    acceptance run) always get their first measurement (the one overrun the budget allows). The
+    clock starts once the models are loaded."""
+
     def __init__(self, seconds: float, progress: Callable[[str], None]):
         self.t0 = time.monotonic()
         self.seconds = seconds
         self.progress = progress
         self.skipped: list[str] = []
+        self.part_end = math.inf
+        self.first = True
+
+    def part(self, until: float) -> None:
+        """The next part ends at ``until`` x the budget from the start."""
+        self.part_end = self.t0 + until * self.seconds
+        self.first = True
 
     @property
     def elapsed(self) -> float:
@@ -62,8 +77,10 @@ class _Budget:
     def left(self) -> float:
         return self.seconds - self.elapsed
 
-    def allow(self, part: str, estimate_s: float = 0.0) -> bool:
-        if self.left() > estimate_s:
+    def allow(self, part: str, estimate_s: float = 0.0, must: bool = False) -> bool:
+        in_part = self.first or time.monotonic() + estimate_s < self.part_end
+        if (self.left() > estimate_s and in_part) or (must and self.first):
+            self.first = False
             self.progress(f"[{self.elapsed:6.1f} s] {part}")
             return True
         self.progress(f"[{self.elapsed:6.1f} s] skipped (budget): {part}")
@@ -114,12 +131,17 @@ def _model_info(loaded, dtype: str) -> dict:
     }
 
 
+def _ids(n: int) -> list[int]:
+    """Placeholder token ids for timing (ids every vocabulary has)."""
+    return [7 + i % 97 for i in range(n)]
+
+
 def _grid(runner, opts: ProfileOptions, sizes: tuple[int, ...], budget: _Budget, what: str) -> Grid | None:
-    context = list(range(100, 100 + opts.context))
+    context = _ids(opts.context)
     rows: list[list[float]] = []
     batches: list[int] = []
     for b in opts.batches:
-        if not budget.allow(f"{what} forward, batch {b}, tokens per row {list(sizes)}", 0.0):
+        if not budget.allow(f"{what} forward, batch {b}, tokens per row {list(sizes)}", 0.0, must=what == "target"):
             break
         ms = forward_times(runner, b, context, sizes, opts.repeat, warmup=1)
         rows.append([round(ms[n], 3) for n in sizes])
@@ -130,10 +152,10 @@ def _grid(runner, opts: ProfileOptions, sizes: tuple[int, ...], budget: _Budget,
 def _prefill_curve(runner, opts: ProfileOptions, budget: _Budget, what: str) -> Curve | None:
     lengths, times = [], []
     for n in opts.prefill_lengths:
-        if n + 1 > runner.max_len or not budget.allow(f"{what} prefill of {n} tokens", 0.0):
+        if n + 1 > runner.max_len or not budget.allow(f"{what} prefill of {n} tokens", 0.0, must=what == "target"):
             break
         slot = runner.alloc_slot()
-        feed = list(range(100, 100 + n))
+        feed = _ids(n)
 
         def run(slot=slot, feed=feed):
             runner.forward([slot], [feed], num_logits=0)
@@ -239,7 +261,7 @@ def _acceptance(engine_factory, name: str, prompts, tokenizer, opts: ProfileOpti
     timing: list[tuple[int, float]] = []
     last = 0.0
     for prompt in prompts:
-        if not budget.allow(f"acceptance, {name} drafter: {prompt.id}", last):
+        if not budget.allow(f"acceptance, {name} drafter: {prompt.id}", last, must=True):
             break
         t0 = time.monotonic()
         ids = encode(tokenizer, prompt)
@@ -290,7 +312,6 @@ def take_profile(
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    budget = _Budget(opts.budget_s, progress)
     machine = _machine(torch.get_num_threads())
     prompts = load_prompts(opts.prompts)
     progress(f"loading {target}" + (f" and {draft}" if draft else ""))
@@ -299,25 +320,31 @@ def take_profile(
     dft = load_model(draft, dtype=opts.dtype, device=opts.device) if draft else None
     if dft is not None:
         check_same_vocab(tgt, dft)
+    budget = _Budget(opts.budget_s, progress)
     max_len = max(opts.context + max(opts.tokens) + 1, max(opts.prefill_lengths) + 1, 4096)
     slots = max(opts.batches)
     with torch.inference_mode():
         t_runner = ModelRunner(tgt.model, num_slots=slots, max_len=max_len)
+        model_draft = dft is not None and "draft" in opts.drafters
+        budget.part(0.2 if model_draft else 0.35)
         t_grid = _grid(t_runner, opts, opts.tokens, budget, "target")
+        budget.part(0.3 if model_draft else 0.5)
         t_prefill = _prefill_curve(t_runner, opts, budget, "target")
         if t_grid is None or t_prefill is None:
             raise RuntimeError(f"the budget of {opts.budget_s:.0f} s did not cover the target's forwards")
         d_runner = d_grid = d_prefill = d_propose = None
         if dft is not None:
             d_runner = make_draft_runner(dft, slots, max_len)
+            budget.part(0.35)
             d_grid = _grid(d_runner, opts, opts.draft_tokens, budget, "draft")
+            budget.part(0.4)
             d_prefill = _prefill_curve(d_runner, opts, budget, "draft")
+            budget.part(0.55)
             d_propose = _propose_grid(d_runner, prompt_ids, opts, budget)
         drafters: dict[str, DrafterStats] = {}
         eos = tgt.eos_token_ids
-        for name in opts.drafters:
-            if name == "draft" and (d_runner is None or d_grid is None):
-                continue
+        runs = [n for n in opts.drafters if n != "draft" or (d_runner is not None and d_grid is not None)]
+        for i, name in enumerate(runs):
 
             def factory(name=name):
                 inner = model_drafter_on(d_runner) if name == "draft" else NgramProposer()
@@ -325,6 +352,8 @@ def take_profile(
                 runner = ModelRunner(tgt.model, num_slots=1, max_len=max_len)
                 return SpecEngine(runner, tgt.tokenizer, rec, k_policy=opts.k_policy, eos_token_ids=eos), rec
 
+            done = budget.elapsed / budget.seconds if budget.seconds > 0 else 1.0
+            budget.part(done + max(0.0, 1.0 - done) / (len(runs) - i))  # the drafters share what is left
             drafters[name] = _acceptance(factory, name, prompts, tgt.tokenizer, opts, budget)
     machine["load_avg_1m_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else 0.0
     return Profile(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -41,6 +42,12 @@ def _err(msg: str) -> None:
 
 def _progress(msg: str) -> None:
     print(f"... {msg}", file=sys.stderr, flush=True)
+
+
+def _quiet_router(args: argparse.Namespace) -> None:
+    """The simulated router's own log lines (each draft move, depth change...) only with -v."""
+    if not getattr(args, "verbose", False):
+        logging.getLogger("router").setLevel(logging.WARNING)
 
 
 # --------------------------------------------------------------------------- profile
@@ -126,6 +133,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from cluster.planning.workload import WorkloadError
     from specdec.bench.serve import format_table
 
+    _quiet_router(args)
     try:
         profile = Profile.load(args.profile)
         serve = load_config(args.config)
@@ -183,6 +191,7 @@ def _plan(args: argparse.Namespace) -> int:
         profile_lengths,
     )
 
+    _quiet_router(args)
     if not args.rate and not args.trace:
         _err("give the arrivals: --rate R (requests/s) or --trace FILE")
         return USAGE

@@ -56,10 +56,12 @@ def test_profile_measures_every_part_and_says_where_it_came_from(tiny_profile, t
     assert Profile.load(p.save(tmp_path / "p.json")).to_dict() == p.to_dict()
 
 
-def test_a_budget_too_small_says_what_it_skipped(tiny_paths, prompts_file):
-    opts = ProfileOptions(dtype="float32", prompts=str(prompts_file), budget_s=0.0, batches=(1,), tokens=(1,))
-    with pytest.raises(RuntimeError, match="budget"):
-        take_profile(str(tiny_paths["llama"]), None, opts)
+def test_no_budget_still_measures_what_a_profile_needs(tiny_paths, prompts_file):
+    opts = ProfileOptions(dtype="float32", prompts=str(prompts_file), max_tokens=8, budget_s=0.0, batches=(1, 2))
+    p = take_profile(str(tiny_paths["llama"]), None, opts)
+    assert p.target_forward.batch == [1] and len(p.target_prefill.tokens) == 1  # one measurement each
+    assert [len(s.requests) for s in p.drafters.values()] == [1] and set(p.drafters) == {"ngram"}
+    assert any("batch 2" in part for part in p.skipped)
 
 
 def test_overhead_from_a_bench_serve_result(tiny_profile):
@@ -99,3 +101,23 @@ def test_simulate_command_predicts_and_compares(tiny_profile, tmp_path, capsys):
     assert "predicted vs measured" in text and "(+0%)" in text  # the same run, so no error
     assert main(["simulate", "--profile", str(tmp_path / "missing.json"), "--rate", "1"]) == 2
     assert "no such profile" in capsys.readouterr().err
+
+
+def test_a_short_budget_gives_a_coarse_profile_of_every_part(tiny_paths, prompts_file):
+    opts = ProfileOptions(
+        dtype="float32",
+        prompts=str(prompts_file),
+        max_tokens=12,
+        budget_s=2.0,
+        threads=1,
+        batches=(1, 2, 4, 8, 16),
+        tokens=(1, 2, 4, 8, 16),
+        draft_ks=(1, 2, 4, 8),
+        context=16,
+        prefill_lengths=(8, 16, 32, 64),
+        repeat=40,
+    )
+    p = take_profile(str(tiny_paths["llama"]), str(tiny_paths["llama-draft"]), opts)
+    assert p.skipped  # the budget left parts of the grids out ...
+    assert p.target_forward.batch and p.target_prefill.tokens  # ... never a part the simulator needs
+    assert all(stats.requests for stats in p.drafters.values()) and set(p.drafters) == {"draft", "ngram"}

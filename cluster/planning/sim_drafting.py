@@ -1,0 +1,162 @@
+"""Where the simulator's drafts come from: ``router.drafting.DraftSource`` step by step over simulated
+draft workers. Each request drafts where the router's own drafter pool (``router.drafter_pool``,
+with the rebalancer's ``assign_drafter``) places it; the pool measures every Propose's wait as in
+the service (queueing included), and those measurements drive placement and the speculation switch.
+A late draft fails open and keeps its drafter busy; a drafter still busy with a late draft fails
+the next rounds open at once; pre-drafts go out during the verify when the depth level allows.
+
+Not modelled: the pool coalescing Proposes that wait for a busy drafter into one call (here they
+run one after the other, as without coalescing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from cluster.planning.sim_entities import Group, Job, PreDraft, SimClient
+
+__all__ = ["SimDrafting"]
+
+
+class SimDrafting:
+    def __init__(self, sim: Any, drafters: dict[str, SimClient]):
+        self.sim = sim  # the simulation: now, at(), costs, policy (P), pool, rng, sample()
+        self.drafters = drafters
+
+    # ---- placement -----------------------------------------------------------------------------
+    def assign(self, g: Group, job: Job) -> str | None:
+        """DraftSource._assign: the pool's placement; a request that moved rebuilds its cache there."""
+        pool = self.sim.pool
+        if pool is None:
+            return None
+        name = pool.assign(job, g.home)
+        if job.moved_from is not None:
+            job.draft_cached, job.seeded = 0, False
+        return name
+
+    # ---- the draft side of a prefill -------------------------------------------------------------
+    def prefill(self, g: Group, chunks: list[Job], plan: dict[str, int]) -> None:
+        """The drafters cache the same prompt chunks, unawaited (not a prompt's last chunk: that one
+        goes with the first Propose)."""
+        sim = self.sim
+        for j in chunks:
+            if j.spec != "draft" or plan[j.key] >= j.state.prefill_total:
+                continue
+            name = self.assign(g, j)
+            if name is None:
+                continue
+            j.drafters.add(name)
+            cost = sim.costs.draft_prefill_s(plan[j.key] - j.draft_cached)
+            self.drafters[name].worker.reserve(sim.now, sim.costs.draft_rpc_s + cost)
+            j.draft_cached = plan[j.key]
+
+    # ---- a round's drafts --------------------------------------------------------------------------
+    def _fail_open(self, g: Group, j: Job) -> None:
+        j.state.stats.fail_open_rounds += 1
+        g.fail_open += 1
+
+    def _propose(self, name: str, jobs: list[Job], k: int) -> float:
+        """Send one Propose for ``jobs`` to ``name`` now: the pool measures it; returns its end time."""
+        sim = self.sim
+        d = self.drafters[name]
+        context = max(len(j.state.tokens) for j in jobs)
+        dur = sim.costs.draft_rpc_s + sim.costs.draft_s(len(jobs), k, context)
+        uncached = sum(len(j.state.tokens) - j.draft_cached for j in jobs if not j.seeded)
+        if uncached > 0:  # a first Propose carries the prompt's tail (or a moved request's whole cache)
+            dur += sim.costs.draft_prefill_s(uncached)
+        for j in jobs:
+            j.seeded = True
+        call, t_req = sim.pool.begin(name, k), sim.now
+        _, end = d.worker.reserve(sim.now, dur)
+        sim.at(end, lambda: sim.pool.end(name, call, True, since=t_req))
+        return end
+
+    def drafts(self, g: Group, batch: list[Job], ks: list[int]) -> Generator:
+        """DraftSource.drafts: the tokens drafted per job (0 where the round fails open)."""
+        sim = self.sim
+        drafted = [0] * len(batch)
+        for j in batch:
+            j.outcome = (0, 0, False)
+        remote: dict[str, list[int]] = {}
+        pending: list[tuple[int, PreDraft]] = []
+        for i, (j, k) in enumerate(zip(batch, ks)):
+            pd, j.predraft = j.predraft, None
+            if k <= 0:
+                continue
+            if j.spec == "ngram":
+                drafted[i] = sim.sample(j, k)
+            elif j.spec == "draft":
+                name = self.assign(g, j)
+                if name is None:
+                    self._fail_open(g, j)
+                elif pd is not None and pd.drafter == name and j.last_all_accepted:
+                    pending.append((i, pd))
+                else:
+                    if pd is not None:
+                        g.predraft_misses += 1
+                    remote.setdefault(name, []).append(i)
+        if not remote and not pending:
+            return drafted
+        t_end = sim.now + sim.P.draft_deadline(g.verify_ema, max(ks))
+        for i, pd in pending:  # pre-drafts first: they already run on their drafters
+            j = batch[i]
+            if pd.end > t_end:
+                yield t_end
+                d = self.drafters[pd.drafter].worker
+                d.late_until = max(d.late_until, pd.end)
+                hit = False
+            else:
+                yield pd.end
+                hit = j.last_bonus_match and pd.k > 0
+            if hit:
+                drafted[i] = sim.sample(j, min(ks[i], pd.k))
+                g.predraft_hits += 1
+            else:
+                g.predraft_misses += 1
+                remote.setdefault(pd.drafter, []).append(i)
+        ok: dict[str, bool] = {}
+        wait_until = sim.now
+        for name, idx in remote.items():
+            w = self.drafters[name].worker
+            for i in idx:
+                batch[i].drafters.add(name)
+            if w.late_until > sim.now:  # busy with a late draft: fail open now
+                ok[name] = False
+            elif max(sim.now, w.free_at) > t_end:  # would queue past the deadline: never sent
+                ok[name], wait_until = False, max(wait_until, t_end)
+            else:
+                end = self._propose(name, [batch[i] for i in idx], max(ks[i] for i in idx))
+                ok[name] = end <= t_end
+                if not ok[name]:
+                    w.late_until = end
+                wait_until = max(wait_until, min(end, t_end))
+        if wait_until > sim.now:
+            yield wait_until
+        for name, idx in remote.items():
+            for i in idx:
+                if ok[name]:
+                    drafted[i] = sim.sample(batch[i], ks[i])
+                else:
+                    self._fail_open(g, batch[i])
+        return drafted
+
+    def launch_predraft(self, g: Group, batch: list[Job], ks: list[int], drafted: list[int], enabled: bool) -> None:
+        """DraftSource.launch_predraft: draft round r+1 on the all-accepted guess during the verify."""
+        sim = self.sim
+        if not enabled or sim.pool is None:
+            return
+        groups: dict[str, list[tuple[Job, int]]] = {}
+        for j, k, d in zip(batch, ks, drafted):
+            if j.spec != "draft" or k <= 0 or d != k or j.drafter is None:
+                continue
+            client = self.drafters.get(j.drafter)
+            if client is None or not client.up or client.worker.late_until > sim.now:
+                continue
+            k_next = sim.P.predraft_k(j.state, k, sim.dep.max_context)
+            if k_next > 0:
+                groups.setdefault(j.drafter, []).append((j, k_next))
+        for name, picked in groups.items():
+            end = self._propose(name, [j for j, _ in picked], max(k for _, k in picked) + 1)
+            for j, k_next in picked:
+                j.predraft = PreDraft(name, end, k_next)
