@@ -25,6 +25,7 @@ from typing import Any
 from cluster.config import PoolConfig, ServeConfig
 from cluster.local_ray import check_loopback, pin_loopback_node
 from cluster.placement import check_tensor_parallel, embedded_node
+from specdec.rpc.worker_host import end_worker_actor
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,7 @@ class Deployment:
         if self.actuator is not None:
             self.actuator.stop()  # replicas the autoscaler added, and the resource request
         for h in self.targets + self.drafts:
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            end_worker_actor(h, grace if grace is not None else 2.0)
         if self.started_ray and ray.is_initialized():
             ray.shutdown()
         log.info("specdec stopped")

@@ -25,7 +25,7 @@ from typing import Any
 from cluster.config import PoolConfig, ServeConfig
 from router.autoscaler import LaunchFailed
 from router.workers import ActorEndpoint
-from specdec.rpc.worker_host import actor_options
+from specdec.rpc.worker_host import actor_options, end_worker_actor
 
 log = logging.getLogger(__name__)
 
@@ -148,24 +148,17 @@ class RayPoolActuator:
         await asyncio.to_thread(self._retire, name)
 
     def _retire(self, name: str) -> None:
-        import ray
-
         with self._lock:
             entry = self.handles.pop(name, None)
         if entry is not None:
-            ray.kill(entry[1], no_restart=True)
+            end_worker_actor(entry[1])
         self._request()
         log.info("%s retired", name)
 
     def stop(self) -> None:
         """Kill every replica launched here and withdraw the request (the deployment is stopping)."""
-        import ray
-
         with self._lock:
             handles, self.handles = list(self.handles.values()), {}
         for _, h in handles:
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            end_worker_actor(h)
         self._request()

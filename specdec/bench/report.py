@@ -30,8 +30,10 @@ TABLE_COLUMNS = (
     ("v", "verify_ratio"),
     ("eff v", "efficiency_measured_verify"),
     ("eff vs hf_target", "efficiency_vs_hf_target"),
-    ("agree exact", "agreement_exact"),
-    ("agree prefix", "agreement_prefix"),
+    ("agree exact hf_target", "agreement_exact"),
+    ("agree prefix hf_target", "agreement_prefix"),
+    ("agree exact specdec_target", "agreement_exact_vs_specdec_target"),
+    ("agree prefix specdec_target", "agreement_prefix_vs_specdec_target"),
 )
 
 
@@ -65,7 +67,9 @@ def format_table(result: dict) -> str:
         "ratio (robust to a burst of load on one request); ms/tok = request time / output tokens; "
         "c = drafter time per draft token / target decode step, both measured in the run; v = verify time "
         "per round / target decode step; eff v = measured speedup / (tau(a, k) / (k c + v)), the bound with "
-        "the verify as measured.",
+        "the verify as measured. agree = share of requests (exact) and mean share of tokens before the first "
+        "difference (prefix) equal to hf_target's output and, for specdec_*, to specdec_target's (k = 0): "
+        "the lossless promise is the latter.",
     ]
     steps = summary.get("runner_steps")
     if steps:

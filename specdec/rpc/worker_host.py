@@ -85,6 +85,22 @@ def placement_bundle(placement: dict | None, default_resources: dict[str, float]
     return {k: v for k, v in bundle.items() if v > 0}
 
 
+def end_worker_actor(handle, grace: float = 2.0) -> None:
+    """Stop a worker actor for good: ask it to shut down (a tensor-parallel group's supervisor then
+    removes its placement group, which would otherwise hold its bundles until the driver exits),
+    then kill it. Best effort and bounded: a dead or hung actor is killed all the same."""
+    import ray
+
+    try:
+        ray.get(handle.shutdown.remote(grace), timeout=grace + 5.0)
+    except Exception:  # noqa: BLE001 - already dead, restarting or hung: the kill below ends it
+        pass
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
 def add_worker_args(parser: argparse.ArgumentParser, role: str) -> None:
     """The command-line flags of ``python -m draft_worker`` / ``python -m target_worker``."""
     model_help = "pack name, HF folder, .gguf file or hub id" + (", or 'ngram'" if role == "draft" else "")

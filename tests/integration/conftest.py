@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from specdec.rpc.worker_host import end_worker_actor
+
 # Logical resources of the test cluster: room for the workers of one test module at a time
 # (each worker takes 1 CPU + 1 draft_gpu/target_gpu), plus a spare set.
 RAY_NUM_CPUS = 4
@@ -49,15 +51,10 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def actor_reaper(ray_cluster):
-    import ray
-
     handles: list = []
     yield handles
-    for h in handles:
-        try:
-            ray.kill(h, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+    for h in handles:  # a TP group's placement group goes too (it would hold its bundles until the session ends)
+        end_worker_actor(h, grace=1.0)
 
 
 @pytest.fixture(scope="session")

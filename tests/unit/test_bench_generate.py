@@ -35,6 +35,8 @@ SUMMARY_FIELDS = (
     "efficiency_vs_hf_target",
     "agreement_exact",
     "agreement_prefix",
+    "agreement_exact_vs_specdec_target",
+    "agreement_prefix_vs_specdec_target",
     "bound_baseline",
 )
 SPEC_DRAFTING = ("specdec_draft_k2", "specdec_draft_k3", "specdec_draft_adaptive", "specdec_ngram")
@@ -101,6 +103,8 @@ def test_specdec_is_lossless_against_transformers_in_float32(result):
     for name in ("specdec_target",) + SPEC_DRAFTING:
         assert summary[name]["agreement_exact"] == 1.0, name
         assert summary[name]["agreement_prefix"] == 1.0, name
+        assert summary[name]["agreement_exact_vs_specdec_target"] == 1.0, name
+    assert summary["hf_assisted"]["agreement_exact_vs_specdec_target"] is None  # only specdec_* against k = 0
     # transformers' assisted generation is lossless too (greedy)
     assert summary["hf_assisted"]["agreement_exact"] == 1.0
 
@@ -116,11 +120,19 @@ def test_records_summarise_again(result):
 
 
 def test_agreement_catches_a_wrong_output():
-    ref = records.Run("hf_target", 0, "p", 0, 3, 1.0, [1, 2, 3, 4], "", "length", [records.Round(1.0, 4, 0, 0.0)])
-    bad = records.Run("x", 0, "p", 0, 3, 1.0, [1, 2, 9, 4], "", "length", [records.Round(1.0, 4, 0, 0.0)])
-    summary = bench_summary.summarize([ref, bad], ["hf_target", "x"])["configs"]
-    assert summary["x"]["agreement_exact"] == 0.0
-    assert summary["x"]["agreement_prefix"] == 0.5
+    def run(config, ids):
+        return records.Run(config, 0, "p", 0, 3, 1.0, ids, "", "length", [records.Round(1.0, 4, 0, 0.0)])
+
+    # specdec_target differs from transformers at token 3 (a bf16 near-tie); the speculative run
+    # follows specdec_target up to token 2 and then goes wrong
+    runs = [run("hf_target", [1, 2, 3, 4]), run("specdec_target", [1, 2, 3, 5]), run("specdec_ngram", [1, 2, 9, 5])]
+    summary = bench_summary.summarize(runs, ["hf_target", "specdec_target", "specdec_ngram"])["configs"]
+    assert summary["specdec_ngram"]["agreement_exact"] == 0.0
+    assert summary["specdec_ngram"]["agreement_prefix"] == 0.5
+    assert summary["specdec_ngram"]["agreement_exact_vs_specdec_target"] == 0.0
+    assert summary["specdec_target"]["agreement_exact"] == 0.0
+    assert summary["specdec_target"]["agreement_prefix"] == 0.75
+    assert summary["specdec_target"]["agreement_exact_vs_specdec_target"] == 1.0
 
 
 def test_table_and_plot(result, tmp_path):
