@@ -14,6 +14,7 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from specdec.core.attention import gemm_rows
 from specdec.core.drafters import ModelDrafter, NgramProposer, NoDrafter
 from specdec.core.engine import KPolicy, SpecEngine
 from specdec.core.params import SamplingParams
+from specdec.core.prompts import load_jsonl
 from specdec.core.runner import ModelRunner
 from tests.conftest import load_hf
 
@@ -206,26 +208,8 @@ def test_speculation_is_lossless_in_bf16_smollm(smollm_path):
 
 
 QWEN_TARGET, QWEN_DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
-MORE_CHAT = CHAT + [
-    "What is the capital of France? Answer in one sentence.",
-    "Write a haiku about the sea.",
-    "How do I boil an egg?",
-    "Why is the sky blue?",
-    "Suggest a name for a grey cat.",
-    "What should I pack for a weekend hike?",
-    "Summarise the plot of Romeo and Juliet in two sentences.",
-    "How many minutes are in a day? Show the sum.",
-    "Write a short thank-you note to a neighbour.",
-    "What is the difference between weather and climate?",
-    "Give me a simple recipe for pancakes.",
-    "Translate 'good morning' into Spanish and French.",
-    "What are three uses of a paperclip?",
-    "Explain photosynthesis to a ten-year-old.",
-    "List four primary school subjects.",
-    "How does a bicycle stay upright?",
-    "Tell me a joke about computers.",
-    "What is a prime number? Give two examples.",
-]
+# The chat prompts `specdec bench generate --prompts bench/prompts/chat.jsonl` runs (the first 3 are CHAT).
+MORE_CHAT = [p.text for p in load_jsonl(Path(__file__).resolve().parents[2] / "bench" / "prompts" / "chat.jsonl")]
 
 
 @pytest.mark.slow
