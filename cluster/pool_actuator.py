@@ -55,10 +55,12 @@ class Launch:
     failed: str | None = None
 
 
-def _alive_nodes() -> set[str]:
+def _alive_nodes(bundle: dict[str, float]) -> set[str]:
+    """Alive nodes that could hold ``bundle`` (by their total resources): a node of another pool
+    joining meanwhile is not this launch's node."""
     import ray
 
-    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive") and _fits(n.get("Resources", {}), bundle)}
 
 
 def _fits(available: dict[str, float], bundle: dict[str, float]) -> bool:
@@ -106,7 +108,7 @@ class RayPoolActuator:
         name = f"{pool}-as{next(self._ids)}"
         rec = Launch(pool, name, time.monotonic())
         self.launches.append(rec)
-        nodes = _alive_nodes()
+        nodes = _alive_nodes(bundle)
         fits = _fits(ray.available_resources(), bundle)
         if not fits:
             log.info("%s: no room for %s in the cluster; asking Ray's autoscaler for a node", name, bundle)
@@ -120,7 +122,7 @@ class RayPoolActuator:
         deadline = rec.asked_at + timeout
         while True:
             ready, _ = ray.wait([ref], timeout=0.5)
-            if rec.node_at is None and not fits and _alive_nodes() - nodes:
+            if rec.node_at is None and not fits and _alive_nodes(bundle) - nodes:
                 rec.node_at = time.monotonic()
                 log.info("%s: a node joined after %.1f s", name, rec.node_at - rec.asked_at)
             if ready:

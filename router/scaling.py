@@ -185,8 +185,9 @@ def draft_observation(
     busy = [d for d in serving if (d.load is not None and d.load >= cfg.drafter_busy) or not d.has_room]
     short = wait > cfg.draft_wait_share_up
     work = sum(t.waiting + t.running for t in live)
-    # no drafter at all (a pool scaled to zero) while requests run: they decode without drafts
-    pressured = (short and bool(serving) and len(busy) == len(serving)) or (not serving and work > 0)
+    # no drafter at all (a pool scaled to zero) while requests run: they decode without drafts; one
+    # launching already answers that (else each cooldown launches another, node and all)
+    pressured = (short and bool(serving) and len(busy) == len(serving)) or (not serving and not pending and work > 0)
     loads = [d.load if d.load is not None else float(d.in_flight > 0) for d in serving]
     occupancy = [d.jobs / d.slots for d in serving if d.slots]
     underused = bool(serving) and not short and _mean(loads) < cfg.low_load and _mean(occupancy) < cfg.low_occupancy

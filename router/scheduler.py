@@ -445,6 +445,9 @@ class TargetScheduler:
             self.served += 1
             if self.first_served_at is None:
                 self.first_served_at = time.monotonic()
+                # a replica's first finished request: the end of a scale-up, as an operator (and the
+                # autoscaling e2e test) reads it from the log
+                log.info("%s: first request served", self.target.name)
         job.outcome = outcome
         m.requests.labels(outcome or "cancelled").inc()
 

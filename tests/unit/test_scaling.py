@@ -53,6 +53,8 @@ def test_draft_pressure_needs_draft_wait_and_saturated_drafters():
     # scaled to zero: any running request asks for a drafter; an idle service does not
     assert draft_observation([TargetView("t0", running=1)], [], CFG).pressured
     assert not draft_observation([TargetView("t0")], [], CFG).pressured
+    # ... and one drafter launching answers that need: no second one while it starts
+    assert not draft_observation([TargetView("t0", running=1)], [], CFG, pending=1).pressured
     # a draining drafter does not count as serving
     obs = draft_observation(waiting, busy, CFG, draining=["d1"])
     assert obs.serving == 1 and obs.draining == 1
