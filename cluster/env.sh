@@ -11,11 +11,12 @@ export PATH="$HOME/specdec/.venv/bin:$PATH"
 export HF_HUB_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
 
-# Ray token auth: <placeholder: the issue that turns RAY_AUTH_MODE=token on for cluster files fills
-# this in>. It will read: export RAY_AUTH_MODE=token; export RAY_AUTH_TOKEN_PATH="$HOME/.specdec/ray-token"
-# (the token file shipped to every node by a `file_mounts` entry of the cluster file). Until then
-# ~/.specdec/env can set both on each node (tests/e2e/test_ray_up.py does).
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+# Ray token auth, on: every Ray process (`ray start`, the autoscaler), `specdec serve`, `ray status`
+# and whatever `ray exec` runs present the deployment's token. The operator makes it once and the
+# cluster file's file_mounts ship it to every node as ~/.specdec/ray-token (cluster/README.md, "Ray
+# token auth"). RAY_AUTH_TOKEN, if set, would win over the file: nothing here sets it.
+export RAY_AUTH_MODE=token
+export RAY_AUTH_TOKEN_PATH="$HOME/.specdec/ray-token"
 
 # The address this node was reached at over SSH: for the local provider, its entry in head_ip /
 # worker_ips. The local cluster file starts Ray with it (--node-ip-address) and picks the node's

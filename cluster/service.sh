@@ -5,7 +5,8 @@
 #   service.sh stop                      SIGTERM (running requests get router.grace_s), SIGKILL after 90 s
 #                                        (10 s if it is not serving yet)
 #   service.sh restart [SERVE FLAGS...]
-#   service.sh status [--wait SECONDS]   the process and the gRPC health of $SPECDEC_SERVER (127.0.0.1:50051)
+#   service.sh status [--wait SECONDS]   the process and the gRPC health of $SPECDEC_SERVER (127.0.0.1:50051;
+#                                        TLS / token flags for it in $SPECDEC_HEALTH_ARGS)
 #
 # The cluster files' head_start_ray_commands run `stop` before `ray stop` and `start` after
 # `ray start --head`; from your machine: ray exec CLUSTER.yaml '~/specdec/cluster/service.sh status'.
@@ -73,19 +74,10 @@ stop() {
 }
 
 health() {  # grpc.health.v1 status of the router, or the gRPC error code (UNAVAILABLE: not listening)
-    python - "$server" <<'EOF'
-import sys
-
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-try:
-    with grpc.insecure_channel(sys.argv[1]) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-    print(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
-except grpc.RpcError as exc:
-    print(exc.code().name)
-EOF
+    # With TLS or a token on health, say how in ~/.specdec/env, e.g. SPECDEC_HEALTH_ARGS="--ca
+    # $HOME/.specdec/tls/ca.crt --server-name <name in the certificate>" (python -m specdec.rpc.health_probe -h).
+    # shellcheck disable=SC2086  # several flags in one variable
+    python -m specdec.rpc.health_probe --address "$server" ${SPECDEC_HEALTH_ARGS:-} || true
 }
 
 status() {

@@ -4,7 +4,7 @@ Uses Helm's own Go engine through ``helm-python-sdk`` (the dev extra), so the ou
 ``helm template`` gives. For people without helm::
 
     .venv/bin/python scripts/render_k8s.py k8s/values-gpu.yaml > specdec.yaml && kubectl apply -f specdec.yaml
-    .venv/bin/python scripts/render_k8s.py k8s/values-cpu-demo.yaml --set '{"rayAuth": {"mode": "token"}}'
+    .venv/bin/python scripts/render_k8s.py k8s/values-cpu-demo.yaml --set '{"rayAuth": {"mode": "disabled"}}'
 
 tests/unit/test_k8s_manifests.py renders through :func:`render` too.
 """

@@ -9,8 +9,8 @@ from pathlib import Path
 __all__ = ["make_pki"]
 
 
-def make_pki(root: Path) -> dict[str, Path]:
-    """A CA, a server certificate for localhost and a client certificate, all signed by the CA."""
+def make_pki(root: Path, server_name: str = "localhost") -> dict[str, Path]:
+    """A CA, a server certificate for ``server_name`` (and 127.0.0.1) and a client certificate, all signed by the CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -40,7 +40,7 @@ def make_pki(root: Path) -> dict[str, Path]:
     out = {}
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = cert("test-ca", ca_key, ca_key, "test-ca", ca=True)
-    for role, san in (("server", "localhost"), ("client", None)):
+    for role, san in (("server", server_name), ("client", None)):
         key = ec.generate_private_key(ec.SECP256R1())
         c = cert(role, key, ca_key, "test-ca", ca=False, san=san)
         out[f"{role}.key"] = root / f"{role}.key"

@@ -6,6 +6,9 @@ mounts, starts sshd on 127.0.0.1 and 127.0.0.2 with a fresh key, then does what 
 ``ray up -y``, waits for the router, calls Generate from outside the cluster, ``ray exec`` the
 service status, ``ray down -y``, and lists what still runs. Everything it sees goes to
 ``<work>/result.json`` (the test asserts on it); every command's output to ``<work>/logs/``.
+The machine ``ray up`` runs from has its own home, ``<work>/client`` (the nodes': ``<work>/home``),
+where the operator's step of cluster/README.md makes Ray's token (``~/.specdec/ray-token``): the
+cluster file's file_mounts must carry it to the nodes, and a Ray client here is refused without it.
 Ray's session logs stay in ``<work>/ray-tmp``. Teardown (``ray down``, sshd) is in ``finally``;
 whatever survives dies with the namespace.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
+import secrets
 import shutil
 import socket
 import subprocess
@@ -125,7 +128,10 @@ def start_sshd(work: Path) -> subprocess.Popen:
 
 
 class Runner:
-    """Runs commands with the cluster client's environment; each one's output in logs/NN-name.log."""
+    """Runs commands with the cluster client's environment; each one's output in logs/NN-name.log.
+
+    No Ray token in that environment: the client holds it in a file only (``~/.specdec/ray-token``).
+    """
 
     def __init__(self, spec: dict, home: Path):
         self.logs = Path(spec["work"]) / "logs"
@@ -136,20 +142,24 @@ class Runner:
             "USER": "root",
             "LANG": "C.UTF-8",
             "PYTHONPATH": spec["repo"],
-            **spec["ray_auth"],
             "RAY_USAGE_STATS_ENABLED": "0",
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
         }
 
-    def __call__(self, name: str, cmd: list[str], timeout: float) -> dict[str, Any]:
+    def __call__(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> dict[str, Any]:
         self.n += 1
         log = self.logs / f"{self.n:02d}-{name}.log"
         t0 = time.monotonic()
         with open(log, "w") as f:
             try:
                 rc = subprocess.run(
-                    cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, cwd=self.env["PYTHONPATH"], timeout=timeout
+                    cmd,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    env={**self.env, **(env or {})},
+                    cwd=self.env["PYTHONPATH"],
+                    timeout=timeout,
                 ).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
@@ -210,7 +220,7 @@ def leftovers(own: set[int]) -> list[str]:
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     work = Path(spec["work"])
-    home = work / "home"
+    home, client = work / "home", work / "client"
     result: dict[str, Any] = {"steps": {}}
     steps = result["steps"]
     out = work / "result.json"
@@ -218,11 +228,16 @@ def main(spec_path: str) -> int:
     (work / "logs").mkdir()
     (home / ".specdec").mkdir(parents=True)
     (home / ".bashrc").touch()
-    # The nodes run the synced checkout (~/specdec) with the test machine's venv: no pip, no network;
-    # Ray's token auth, if on, through the per-node settings that cluster/env.sh reads last.
-    auth = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in spec["ray_auth"].items())
-    (home / ".specdec" / "env").write_text('export PYTHONPATH="$HOME/specdec"\n' + auth)
-    run = Runner(spec, home)
+    # The nodes run the synced checkout (~/specdec) with the test machine's venv: no pip, no network.
+    (home / ".specdec" / "env").write_text('export PYTHONPATH="$HOME/specdec"\n')
+    # The operator's one step for Ray's token auth (cluster/README.md): a token file, mode 600.
+    token_file = client / ".specdec" / "ray-token"
+    token_file.parent.mkdir(parents=True)
+    token_file.touch(mode=0o600)
+    token_file.write_text(secrets.token_hex(32) + "\n")
+    run = Runner(spec, client)
+    with_token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    gcs = f"{SSH_ADDRESSES[0]}:{spec['gcs_port']}"
     sshd = None
     config = spec["cluster_yaml"]
     try:
@@ -246,10 +261,20 @@ def main(spec_path: str) -> int:
             exec_ = ["ray", "exec", "--no-config-cache", "--log-color", "false", config]
             steps["ray_exec_status"] = run("ray-exec-status", [*exec_, "~/specdec/cluster/service.sh status"], 120)
             steps["ray_exec_ray_status"] = run("ray-exec-ray-status", [*exec_, "ray status"], 120)
-            if spec["ray_auth"].get("RAY_AUTH_MODE") == "token":  # the cluster refuses a wrong token
-                steps["ray_status_wrong_token"] = run(
-                    "ray-status-wrong-token", [*exec_, "RAY_AUTH_TOKEN=0123456789abcdef ray status"], 120
-                )
+            # Ray's token auth is on: a node's file is the operator's; a client without it, or with
+            # another token, is refused; with it, let in.
+            node_token = home / ".specdec" / "ray-token"
+            result["node_token"] = {
+                "same": node_token.is_file() and node_token.read_text() == token_file.read_text(),
+                "mode": oct(node_token.stat().st_mode & 0o777) if node_token.is_file() else None,
+            }
+            steps["ray_status_wrong_token"] = run(
+                "ray-status-wrong-token", [*exec_, "RAY_AUTH_TOKEN=0123456789abcdef ray status"], 120
+            )
+            steps["ray_status_no_token"] = run("ray-status-no-token", ["ray", "status", "--address", gcs], 120)
+            steps["ray_status_token"] = run(
+                "ray-status-token", ["ray", "status", "--address", gcs], 120, env=with_token
+            )
     finally:
         serve_log = home / ".specdec" / "serve.log"
         result["serve_log"] = serve_log.read_text() if serve_log.exists() else ""

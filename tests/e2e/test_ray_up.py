@@ -10,8 +10,10 @@ by the same custom resources), no `ray stop` on the worker (both "machines" are 
 worker's Ray ports moved by PORT_SHIFT. The draft worker lands on the head by draft_gpu, the target
 on the worker by target_gpu. Checked: the Generate call from outside returns the single-process
 engine's greedy output, `ray exec` shows the service SERVING, and `ray down` leaves no Ray or
-specdec process. Ray's token auth is on as in the rest of the suite (the session's token reaches
-every node through ~/.specdec/env, which cluster/env.sh reads), and a wrong token is refused.
+specdec process. Ray's token auth is on as the cluster files set it: the token file made once on
+the machine `ray up` runs from (its own home, not the nodes') reaches every node through the
+file's file_mounts, cluster/env.sh points Ray at it; a Ray client without it (`ray status`), or
+`ray exec` with another token, is refused with Ray's InvalidAuthToken, and with it let in.
 If the worker machine fails to start (on a loaded machine its raylet can miss
 Ray's fixed 15 s wait for its dashboard agent, and the autoscaler never retries a local machine),
 the run does what an operator would: `ray up` once more (printed, and in bench/NOTES.md). A failed
@@ -53,6 +55,11 @@ def _swap(commands: list[str], marker: str, new: str) -> None:
 
 def _ports(command: str) -> dict[str, int]:
     return {flag: int(port) for flag, port in re.findall(r"(--[a-z-]+-port)=(\d+)", command)}
+
+
+def _gcs_port(cluster_yaml: Path) -> int:
+    head = " ".join(yaml.safe_load(cluster_yaml.read_text())["head_start_ray_commands"])
+    return int(re.search(r"ray start --head .*--port=(\d+)", head)[1])
 
 
 def cluster_variant(work: Path, venv: Path, serve_config: Path) -> dict:
@@ -167,8 +174,7 @@ def test_ray_up_local_cluster_serves_the_engine_output(smollm_path):
         "up_timeout_s": 300,
         "serve_timeout_s": 360,
         "leftover_wait_s": 30,
-        # Ray's token auth as the test session has it (tests/conftest.py): every node gets it.
-        "ray_auth": {k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN") if k in os.environ},
+        "gcs_port": _gcs_port(cluster_yaml),
         "generate_args": ["--target", SMOLLM, "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS), "--json"],
     }
     (root / "spec.json").write_text(json.dumps(spec))
@@ -237,11 +243,13 @@ def _check(result: dict, expected: dict, where: str) -> None:
     # Ray's view through `ray exec`: both machines joined, each with its pool's resource.
     status = steps["ray_exec_ray_status"]["output"]
     assert steps["ray_exec_ray_status"]["rc"] == 0 and "draft_gpu" in status and "target_gpu" in status, status
-    if "ray_status_wrong_token" in steps:
-        wrong = steps["ray_status_wrong_token"]
-        assert wrong["rc"] not in (0, "timeout") and "InvalidAuthToken" in wrong["output"], tail(
-            "ray_status_wrong_token"
-        )
+    # Ray's token auth: the operator's token file on the nodes (mode kept); refused without it.
+    assert result["node_token"] == {"same": True, "mode": "0o600"}, result["node_token"]
+    for step in ("ray_status_wrong_token", "ray_status_no_token"):
+        refused = steps[step]
+        assert refused["rc"] not in (0, "timeout") and "InvalidAuthToken" in refused["output"], tail(step)
+    ok = steps["ray_status_token"]
+    assert ok["rc"] == 0 and "draft_gpu" in ok["output"] and "target_gpu" in ok["output"], tail("ray_status_token")
 
     assert steps["ray_down"]["rc"] == 0, tail("ray_down")
     assert result["leftovers"] == [], f"still running after ray down: {result['leftovers']}\n{where}"

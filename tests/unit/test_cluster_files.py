@@ -9,7 +9,9 @@ provider's bootstrap asks its cloud (key pairs, subnets, instance types), which 
 Ours: every pool of configs/cluster.yaml (its custom resources, GPUs and CPUs, and an accelerator
 type where the node type states one) is offered by some node type of every file; the setup prepares
 the models the service loads; Ray starts with the same explicit ports everywhere; the router starts
-after Ray on the head. Each rule is shown to fail on a broken copy.
+after Ray on the head; Ray's token auth is on for every command of every node (cluster/env.sh, as
+bash reads it) with the token file the cluster file ships there. Each rule is shown to fail on a
+broken copy.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ NODE_PORTS = (
     "--max-worker-port",
 )
 HEAD_PORTS = ("--port", "--ray-client-server-port", "--dashboard-port")
+ENV_SH = REPO / "cluster" / "env.sh"
 
 
 def load(name: str) -> dict:
@@ -153,6 +156,31 @@ def ports(command: str) -> dict[str, int]:
     return {flag: int(v) for flag, v in re.findall(r"(--[a-z-]*port)=(\d+)", command)}
 
 
+def node_ray_auth(env_sh: Path, home: Path) -> dict[str, str]:
+    """Ray's auth variables as a node's login shell has them after sourcing ``env_sh`` (HOME=home)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"HOME": str(home)}
+    show = '. "$0" && echo "${RAY_AUTH_MODE-}|${RAY_AUTH_TOKEN_PATH-}|${RAY_AUTH_TOKEN-(unset)}"'
+    out = subprocess.run(["bash", "-c", show, str(env_sh)], env=env, capture_output=True, text=True, check=True)
+    return dict(zip(("mode", "token_path", "token"), out.stdout.strip().split("|"), strict=True))
+
+
+def ray_token_problems(raw: dict, auth: dict[str, str], home: Path) -> list[str]:
+    """Token auth on, with a token file the cluster file puts on every node (see the module doc)."""
+    problems = []
+    if auth["mode"] != "token":
+        problems.append(f"RAY_AUTH_MODE={auth['mode']!r} on the nodes")
+    if auth["token"] != "(unset)":
+        problems.append("RAY_AUTH_TOKEN is set on the nodes: it would win over the shipped file")
+    shipped = {
+        str(home / remote[2:]): local for remote, local in raw.get("file_mounts", {}).items() if remote.startswith("~/")
+    }
+    if auth["token_path"] not in shipped:
+        problems.append(f"RAY_AUTH_TOKEN_PATH={auth['token_path']!r} is not a file_mounts target")
+    elif not shipped[auth["token_path"]].startswith(("~", "/")):
+        problems.append(f"the token comes from {shipped[auth['token_path']]!r}, inside the checkout")
+    return problems
+
+
 # --------------------------------------------------------------------------- the rules, per file
 
 
@@ -200,7 +228,30 @@ def test_ray_starts_with_explicit_ports_then_the_router(name):
     assert "env.sh" in raw["setup_commands"][0] and ">> ~/.bashrc" in raw["setup_commands"][0]
 
 
+@pytest.mark.parametrize("name", CLUSTER_FILES)
+def test_ray_token_auth_is_on_with_the_shipped_token(name, tmp_path):
+    auth = node_ray_auth(ENV_SH, tmp_path)
+    assert auth["mode"] == "token" and auth["token_path"] == str(tmp_path / ".specdec" / "ray-token")
+    assert ray_token_problems(load(name), auth, tmp_path) == []
+
+
 # --------------------------------------------------------------------------- broken copies fail
+
+
+def test_ray_token_auth_off_or_unshipped_is_reported(tmp_path):
+    auth = node_ray_auth(ENV_SH, tmp_path)
+    bad = load("aws")
+    del bad["file_mounts"]["~/.specdec/ray-token"]
+    (problem,) = ray_token_problems(bad, auth, tmp_path)
+    assert problem.endswith("is not a file_mounts target"), problem
+    bad["file_mounts"]["~/.specdec/ray-token"] = "ray-token"  # a file in the checkout: it would be committed
+    assert "inside the checkout" in ray_token_problems(bad, auth, tmp_path)[0]
+    env_sh = tmp_path / "env.sh"
+    env_sh.write_text(ENV_SH.read_text().replace("export RAY_AUTH_MODE=token", "export RAY_AUTH_MODE=disabled"))
+    off = node_ray_auth(env_sh, tmp_path)
+    assert ray_token_problems(load("gcp"), off, tmp_path) == ["RAY_AUTH_MODE='disabled' on the nodes"]
+    env_sh.write_text(ENV_SH.read_text() + "export RAY_AUTH_TOKEN=abc\n")
+    assert "would win" in ray_token_problems(load("local"), node_ray_auth(env_sh, tmp_path), tmp_path)[0]
 
 
 def test_a_broken_cluster_file_fails_rays_checks():

@@ -46,11 +46,21 @@ OVERLAYS = {  # name: (values file, overrides)
     "cpu-demo": (K8S / "values-cpu-demo.yaml", {}),
     "cpu-demo-no-draft": (K8S / "values-cpu-demo.yaml", {"serve": {"draft": None}}),  # Helm: null drops a key
     "gpu": (K8S / "values-gpu.yaml", {}),
-    # what the Ray token-auth issue and a shared model volume switch on
-    "gpu-token-pvc": (
+    "gpu-pvc": (K8S / "values-gpu.yaml", {"models": {"existingClaim": "specdec-models"}}),
+    "gpu-ray-auth-off": (K8S / "values-gpu.yaml", {"rayAuth": {"mode": "disabled"}}),
+    # the public API's TLS (mTLS) and bearer tokens, health not exempt; Ray's token from a Secret of yours
+    "gpu-api-tls-tokens": (
         K8S / "values-gpu.yaml",
-        {"rayAuth": {"mode": "token"}, "models": {"existingClaim": "specdec-models"}},
+        {
+            "router": {
+                "tls": {"secretName": "specdec-api-tls", "clientCASecretName": "specdec-api-client-ca"},
+                "tokensSecretName": "specdec-api-tokens",
+            },
+            "serve": {"security": {"exempt": []}},
+            "rayAuth": {"secretName": "my-ray-token"},
+        },
     ),
+    "cpu-demo-api-tokens": (K8S / "values-cpu-demo.yaml", {"router": {"tokensSecretName": "specdec-api-tokens"}}),
 }
 
 
@@ -156,6 +166,16 @@ def _cpus(quantity: str) -> float:
     return float(q[:-1]) / 1000 if q.endswith("m") else float(q)
 
 
+def probe_target(probe: dict) -> tuple[int, str]:
+    """(port, health service) a router probe checks: the kubelet's grpc probe, or specdec's exec probe."""
+    if "grpc" in probe:
+        return probe["grpc"]["port"], probe["grpc"].get("service", "")
+    command = probe["exec"]["command"]
+    assert command[:3] == ["python", "-m", "specdec.rpc.health_probe"], command
+    flags = dict(a[2:].split("=", 1) for a in command[3:])
+    return int(flags["address"].rsplit(":", 1)[1]), flags.get("service", "")
+
+
 def check_autoscaler_can_place(rc: dict, cfg: ServeConfig) -> None:
     """Ray's KubeRay autoscaler (its own code) sees a node type for each pool's actors, and room for them."""
     from ray.autoscaler._private.kuberay.autoscaling_config import _generate_available_node_types_from_ray_cr_spec
@@ -213,9 +233,9 @@ def check_agreement(docs: list[dict], cluster: dict) -> None:
     assert {"name": cfg_vol["name"], "mountPath": "/etc/specdec", "readOnly": True} in router["volumeMounts"]
     ports = {p["name"]: p["containerPort"] for p in router["ports"]}
     assert ports == {"grpc": port, "metrics": metrics_port}, f"router container ports {ports}"
-    probes = [router[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")]
-    assert all(p["grpc"]["port"] == port for p in probes), "gRPC probes on the API port"
-    assert router["readinessProbe"]["grpc"].get("service") == HEALTH_SERVICE
+    probes = [probe_target(router[k]) for k in ("startupProbe", "readinessProbe", "livenessProbe")]
+    assert all(p == port for p, _ in probes), "probes on the API port"
+    assert probes[1][1] == HEALTH_SERVICE, "readiness: the Generation service (NOT_SERVING while draining)"
     assert head["metadata"]["annotations"]["prometheus.io/port"] == str(metrics_port), "scrape annotation"
     assert "prometheus.io/scrape" not in (svc["metadata"].get("annotations") or {}), "scraped twice"
     svc_ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
@@ -265,15 +285,30 @@ def test_cpu_demo_needs_no_gpu():
         assert "nvidia.com/gpu" not in yaml.safe_dump(doc), doc["kind"]
 
 
-def test_token_auth_reaches_the_router():
-    docs = rendered("gpu-token-pvc")
-    spec = _one(docs, "RayCluster")["spec"]
-    assert spec["authOptions"] == {"mode": "token"}
-    env = {e["name"]: e for e in _container(spec["headGroupSpec"]["template"], "router")["env"]}
-    assert env["RAY_AUTH_MODE"]["value"] == "token"
-    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "specdec", "key": "auth_token"}
-    off = _one(rendered("gpu"), "RayCluster")["spec"]
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_ray_token_auth_is_on_and_reaches_the_router():
+    """KubeRay's authOptions (it gives the Ray containers the token); the router gets the same Secret."""
+    # "gpu": the Secret KubeRay generates, named like the RayCluster; then one of yours
+    for overlay, auth, secret in (
+        ("gpu", {"mode": "token"}, "specdec"),
+        ("gpu-api-tls-tokens", {"mode": "token", "secretName": "my-ray-token"}, "my-ray-token"),
+    ):
+        spec = _one(rendered(overlay), "RayCluster")["spec"]
+        assert spec["authOptions"] == auth
+        head = spec["headGroupSpec"]["template"]
+        env = _env(_container(head, "router"))
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "auth_token"}
+        for c in [*head["spec"]["containers"], *head["spec"].get("initContainers", [])]:  # nothing turns it off
+            assert "RAY_AUTH_MODE" not in _env(c) or _env(c)["RAY_AUTH_MODE"]["value"] == "token", c["name"]
+        assert "env" not in spec["autoscalerOptions"]
+    off = _one(rendered("gpu-ray-auth-off"), "RayCluster")["spec"]
     assert off["authOptions"] == {"mode": "disabled"}
+    assert _env(_container(off["headGroupSpec"]["template"], "router"))["RAY_AUTH_MODE"]["value"] == "disabled"
+    assert off["autoscalerOptions"]["env"] == [{"name": "RAY_AUTH_MODE", "value": "disabled"}]
 
 
 # --------------------------------------------------------------------------- broken copies

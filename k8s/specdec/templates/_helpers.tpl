@@ -93,6 +93,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $router "metrics_host" "0.0.0.0" -}}
 {{- $_ := set $router "metrics_port" (int .Values.router.metricsPort) -}}
 {{- $_ := set $cfg "router" $router -}}
+{{- $security := include "specdec.apiSecurity" . | fromJson -}}
+{{- if $security -}}{{- $_ := set $cfg "security" $security -}}{{- end -}}
 {{- range $role := list "target" "draft" -}}
 {{- $pool := get $cfg $role -}}
 {{- if $pool -}}
