@@ -29,7 +29,9 @@ from specdec.core.runner import ModelRunner, RunnerError, Weight
 log = logging.getLogger(__name__)
 
 LM_HEAD_MODES = ("split", "replicated")
-DEFAULT_LM_HEAD = "split"
+# The faster of the two in `specdec bench runner --tp 2` (Qwen 1.5B bf16, CPU; bench/NOTES.md): the
+# split mode's extra gather costs more than rank 0 reading the whole lm_head. Re-measure on GPUs.
+DEFAULT_LM_HEAD = "replicated"
 
 __all__ = [
     "TPError",
