@@ -156,13 +156,18 @@ class ModelRunner:
             raise RunnerError(f"weight_quant must be None or 'int8', got {weight_quant!r}")
 
         self.invariant_numerics = invariant_numerics and not any(isinstance(w.q, Int8Weight) for w in self.layers)
-        # Whole key blocks: the invariant attention reads past max_len up to the next block boundary.
-        shape = (len(self.layers), num_slots, self.num_kv_heads, padded_span(max_len), self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.alloc_kv_cache()
         self.lengths = [0] * num_slots
         self.slot_tokens: list[list[int]] = [[] for _ in range(num_slots)]
         self._free = list(range(num_slots - 1, -1, -1))
+
+    def alloc_kv_cache(self) -> None:
+        """Empty K and V caches for every slot at the current ``num_kv_heads`` (specdec.core.tp
+        calls it again after sharding the heads). Whole key blocks: the invariant attention reads
+        past max_len up to the next block boundary."""
+        shape = (len(self.layers), self.num_slots, self.num_kv_heads, padded_span(self.max_len), self.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     # ---- slots -------------------------------------------------------------------------------
     def alloc_slot(self) -> int:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from specdec.core.attention import padded_span
 from specdec.core.quant import Int8Weight
 from specdec.core.runner import ModelRunner, RunnerError, Weight
 
@@ -203,10 +202,7 @@ def shard_runner(
         w.gate, w.up = _rows(w.gate, m_lo, m_hi), _rows(w.up, m_lo, m_hi)
         w.down = _cols(w.down, m_lo, m_hi)
     runner.num_heads, runner.num_kv_heads = plan.num_heads, plan.num_kv_heads
-    # Whole key blocks, as in ModelRunner: the invariant attention reads up to the next block boundary.
-    shape = (len(runner.layers), runner.num_slots, plan.num_kv_heads, padded_span(runner.max_len), d)
-    runner.k_cache = torch.zeros(shape, dtype=runner.dtype, device=runner.device)
-    runner.v_cache = torch.zeros(shape, dtype=runner.dtype, device=runner.device)
+    runner.alloc_kv_cache()  # this rank's kv heads only
     runner.all_reduce = _AllReduce(group)
     if lm_head == "split":
         width = runner.lm_head.shape[0]  # the vocabulary, or its subset
