@@ -69,6 +69,16 @@ def load_hf(path, dtype=torch.float32):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 
+def greedy_ids(path, prompt_ids: list[int], n: int) -> list[int]:
+    """The reference for greedy outputs: ``n`` tokens of transformers' float32 model, a full forward per token."""
+    model = load_hf(path)
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[0, len(prompt_ids) :].tolist()
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `slow` (the big model pair, timing comparisons, Ray autoscaling runs) run only with
     SPECDEC_SLOW=1; otherwise they are reported as skipped, with that reason."""

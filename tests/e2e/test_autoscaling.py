@@ -82,19 +82,6 @@ def serve_config(tiny_paths) -> dict:
     }
 
 
-def _greedy(path, prompt_ids: list[int], n: int) -> list[int]:
-    import torch
-
-    from tests.conftest import load_hf
-
-    model = load_hf(path)
-    ids = torch.tensor([prompt_ids])
-    with torch.no_grad():
-        for _ in range(n):
-            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ids[0, len(prompt_ids) :].tolist()
-
-
 def _first(events: list, name: str, who: str | None = None) -> tuple[float, str] | None:
     return next(((t, r) for t, e, r in events if e == name and who in (None, r)), None)
 
@@ -141,8 +128,10 @@ def test_autoscaling_cluster_grows_and_shrinks_the_pools(tiny_paths):
         pytest.skip(reason)
     from transformers import AutoTokenizer
 
+    from tests.conftest import greedy_ids
+
     tok = AutoTokenizer.from_pretrained(tiny_paths["llama"])
-    expected = [_greedy(tiny_paths["llama"], tok(p).input_ids, MAX_TOKENS) for p in PROMPTS]
+    expected = [greedy_ids(tiny_paths["llama"], tok(p).input_ids, MAX_TOKENS) for p in PROMPTS]
 
     root = Path(tempfile.mkdtemp(prefix="specdec-autoscale-"))  # removed when the test passes
     (root / "serve.yaml").write_text(yaml.safe_dump(serve_config(tiny_paths), sort_keys=False))

@@ -25,19 +25,6 @@ N_TOK = 16
 PROMPTS = ["def fib(n):", "hello world, ", "The quick brown fox", "import numpy as np\n"]
 
 
-def _greedy(path, prompt_ids: list[int], n: int) -> list[int]:
-    import torch
-
-    from tests.conftest import load_hf
-
-    model = load_hf(path)
-    ids = torch.tensor([prompt_ids])
-    with torch.no_grad():
-        for _ in range(n):
-            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ids[0, len(prompt_ids) :].tolist()
-
-
 def _wait(cond, timeout: float, what: str) -> None:
     t_end = time.monotonic() + timeout
     while not cond():
@@ -124,8 +111,10 @@ def test_burst_grows_the_target_pool_and_it_shrinks_back(deployment, tiny_paths,
     # every output is the target's own greedy output (lossless across replica changes)
     from transformers import AutoTokenizer
 
+    from tests.conftest import greedy_ids
+
     tok = AutoTokenizer.from_pretrained(tiny_paths["llama"])
-    expected = {p: _greedy(tiny_paths["llama"], tok(p).input_ids, N_TOK) for p in PROMPTS}
+    expected = {p: greedy_ids(tiny_paths["llama"], tok(p).input_ids, N_TOK) for p in PROMPTS}
     for i, r in results.items():
         assert r.token_ids == expected[PROMPTS[i % len(PROMPTS)]], i
 

@@ -95,9 +95,7 @@ def test_router_and_client_do_not_import_torch_ray_or_workers():
 
 
 def test_greedy_equals_engine_and_transformers(service, engine, tiny_paths):
-    import torch
-
-    from tests.conftest import load_hf
+    from tests.conftest import greedy_ids
 
     prompt = encode(engine, "def fib(n):")
     n = 24
@@ -107,12 +105,7 @@ def test_greedy_equals_engine_and_transformers(service, engine, tiny_paths):
     assert out.finish_reason == "length" and out.usage == {"prompt_tokens": len(prompt), "completion_tokens": n}
     assert out.stats["drafted"] > 0  # it speculated (the tiny draft is often wrong: correctness is the point)
 
-    model = load_hf(tiny_paths["llama"])
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(n):
-            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert out.token_ids == ids[0, len(prompt) :].tolist()
+    assert out.token_ids == greedy_ids(tiny_paths["llama"], prompt, n)
 
     # a text prompt is tokenized by the target worker exactly as the engine's tokenizer does
     by_text = service.client.generate("def fib(n):", max_tokens=n, ignore_eos=True, timeout=60)

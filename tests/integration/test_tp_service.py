@@ -85,9 +85,7 @@ def test_the_group_is_one_worker_with_two_ranks(tp_service):
 
 
 def test_greedy_equals_tp1_and_transformers(tp_service, engine, tiny_paths):
-    import torch
-
-    from tests.conftest import load_hf
+    from tests.conftest import greedy_ids
 
     _, client = tp_service
     prompt = _encode(engine, "def fib(n):")
@@ -95,12 +93,7 @@ def test_greedy_equals_tp1_and_transformers(tp_service, engine, tiny_paths):
     out = client.generate(prompt_token_ids=prompt, max_tokens=n, ignore_eos=True, timeout=120)
     (tp1,) = engine[0].generate([prompt], SamplingParams(max_tokens=n, ignore_eos=True))
     assert out.token_ids == tp1.token_ids and out.stats["drafted"] > 0
-    model = load_hf(tiny_paths["llama"])
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(n):
-            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert out.token_ids == ids[0, len(prompt) :].tolist()
+    assert out.token_ids == greedy_ids(tiny_paths["llama"], prompt, n)
 
 
 def test_8_concurrent_streams_greedy_and_seeded(tp_service, engine):
