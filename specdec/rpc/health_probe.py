@@ -51,8 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.ca and ca is None:
         print(f"none of the CA files exists: {', '.join(args.ca)}")
         return 1
-    creds = ClientCredentials.load(args.token_file, None, tls=bool(args.ca), ca=ca, cert=args.cert, key=args.key)
-    status = check(args.address, args.service, creds, args.server_name, args.timeout)
+    try:  # an unreadable certificate, key or token file: one line (service.sh prints it), not a trace
+        creds = ClientCredentials.load(args.token_file, None, tls=bool(args.ca), ca=ca, cert=args.cert, key=args.key)
+        status = check(args.address, args.service, creds, args.server_name, args.timeout)
+    except (OSError, ValueError) as exc:
+        print(f"probe not run: {exc}")
+        return 1
     print(status)
     return 0 if status == "SERVING" else 1
 

@@ -70,6 +70,8 @@ def test_mtls_and_token(serve, pki, tmp_path, capsys):
     assert capsys.readouterr().out.split()[-1] == "UNAUTHENTICATED"
     (tmp_path / "probe-token").write_text(f"# the router's tokens file\n{TOKEN}\n")
     assert probe(address, *tls, "--token-file", str(tmp_path / "probe-token")) == 0
+    assert probe(address, *tls, "--token-file", str(tmp_path / "no-such-file")) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith("probe not run: ")
 
 
 def test_not_serving_fails_and_the_module_runs(serve, pki):
