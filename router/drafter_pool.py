@@ -51,7 +51,7 @@ class _Waiter:
     seqs: list[worker_pb2.Sequence]
     future: asyncio.Future
     started: list | None  # gets True when the call carrying these sequences is sent
-    t0: float = field(default_factory=time.monotonic)
+    t0: float  # the pool's clock when it was queued
 
 
 @dataclass
@@ -115,7 +115,7 @@ class DrafterPool:
         d = self._d.get(name)
         if d is None:
             raise WorkerUnavailable(f"draft worker {name} left the pool")
-        w = _Waiter(seqs, asyncio.get_running_loop().create_future(), started)
+        w = _Waiter(seqs, asyncio.get_running_loop().create_future(), started, self.clock())
         d.queue.append(w)
         if d.sender is None or d.sender.done():
             d.sender = asyncio.get_running_loop().create_task(self._send(name, d))
