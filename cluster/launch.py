@@ -55,8 +55,8 @@ class Deployment:
         if self.router is not None:
             self.router.stop(grace)
         if self.actuator is not None:
-            self.actuator.stop()  # replicas the autoscaler added, and the resource request
-        for h in self.targets + self.drafts:
+            self.actuator.stop()  # every replica it holds, and the resource request
+        for h in self.targets + self.drafts:  # with an actuator, ended already: this finds them dead
             end_worker_actor(h, grace if grace is not None else 2.0)
         if self.started_ray and ray.is_initialized():
             ray.shutdown()

@@ -158,7 +158,8 @@ class RayPoolActuator:
         log.info("%s retired", name)
 
     def stop(self) -> None:
-        """Kill every replica launched here and withdraw the request (the deployment is stopping)."""
+        """End every replica it holds (those launched here and the deployment's initial ones it was
+        given) and withdraw the request (the deployment is stopping)."""
         with self._lock:
             handles, self.handles = list(self.handles.values()), {}
         for _, h in handles:
