@@ -191,7 +191,11 @@ def draft_observation(
     loads = [d.load if d.load is not None else float(d.in_flight > 0) for d in serving]
     occupancy = [d.jobs / d.slots for d in serving if d.slots]
     underused = bool(serving) and not short and _mean(loads) < cfg.low_load and _mean(occupancy) < cfg.low_occupancy
-    why = f"draft wait {wait:.0%} of rounds, {len(busy)}/{len(serving)} drafters saturated"
+    why = (
+        f"draft wait {wait:.0%} of rounds, {len(busy)}/{len(serving)} drafters saturated"
+        if serving
+        else f"no drafter while {work} request(s) wait or run"
+    )
     victim = _victim([(d.name, d.jobs + d.in_flight) for d in serving])
     return PoolObservation("draft", len(serving), pending, len(draining), pressured, underused, why, victim)
 

@@ -51,7 +51,8 @@ def test_draft_pressure_needs_draft_wait_and_saturated_drafters():
     # drafters saturated but targets do not wait on them: no draft replica
     assert not draft_observation([TargetView("t0", draft_wait_share=0.2)], busy, CFG).pressured
     # scaled to zero: any running request asks for a drafter; an idle service does not
-    assert draft_observation([TargetView("t0", running=1)], [], CFG).pressured
+    zero = draft_observation([TargetView("t0", running=1)], [], CFG)
+    assert zero.pressured and zero.why == "no drafter while 1 request(s) wait or run"
     assert not draft_observation([TargetView("t0")], [], CFG).pressured
     # ... and one drafter launching answers that need: no second one while it starts
     assert not draft_observation([TargetView("t0", running=1)], [], CFG, pending=1).pressured
