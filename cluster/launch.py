@@ -25,7 +25,7 @@ from typing import Any
 from cluster.config import PoolConfig, ServeConfig
 from cluster.local_ray import check_loopback, pin_loopback_node
 from cluster.placement import check_tensor_parallel, embedded_node
-from specdec.rpc.worker_host import end_worker_actor
+from specdec.rpc.worker_host import end_worker_actors
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ class Deployment:
             self.router.stop(grace)
         if self.actuator is not None:
             self.actuator.stop()  # every replica it holds, and the resource request
-        for h in self.targets + self.drafts:  # with an actuator, ended already: this finds them dead
-            end_worker_actor(h, grace if grace is not None else 2.0)
+        # With an actuator they are ended already: this finds them dead.
+        end_worker_actors(self.targets + self.drafts, grace if grace is not None else 2.0)
         if self.started_ray and ray.is_initialized():
             ray.shutdown()
         log.info("specdec stopped")

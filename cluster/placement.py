@@ -46,6 +46,11 @@ def check_tensor_parallel(cfg: ServeConfig, nodes: list[dict[str, float]] | None
     n = pool.tensor_parallel
     if n == 1:
         return
+    if cfg.router.scaling.enabled:  # the pool actuator starts single workers, not groups
+        raise ValueError(
+            f"target.tensor_parallel={n} with router.scaling.enabled: scaling a pool of tensor-parallel "
+            "groups is not supported yet; turn scaling off or use tensor_parallel 1"
+        )
     from specdec.core.tp import check_model  # reads the model's config (imports transformers)
 
     check_model(pool.worker.model, n)

@@ -25,7 +25,7 @@ from typing import Any
 from cluster.config import PoolConfig, ServeConfig
 from router.autoscaler import LaunchFailed
 from router.workers import ActorEndpoint
-from specdec.rpc.worker_host import actor_options, end_worker_actor
+from specdec.rpc.worker_host import actor_options, end_worker_actors
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class RayPoolActuator:
         with self._lock:
             entry = self.handles.pop(name, None)
         if entry is not None:
-            end_worker_actor(entry[1])
+            end_worker_actors([entry[1]])
         self._request()
         log.info("%s retired", name)
 
@@ -162,6 +162,5 @@ class RayPoolActuator:
         given) and withdraw the request (the deployment is stopping)."""
         with self._lock:
             handles, self.handles = list(self.handles.values()), {}
-        for _, h in handles:
-            end_worker_actor(h)
+        end_worker_actors([h for _, h in handles])
         self._request()

@@ -85,20 +85,26 @@ def placement_bundle(placement: dict | None, default_resources: dict[str, float]
     return {k: v for k, v in bundle.items() if v > 0}
 
 
-def end_worker_actor(handle, grace: float = 2.0) -> None:
-    """Stop a worker actor for good: ask it to shut down (a tensor-parallel group's supervisor then
-    removes its placement group, which would otherwise hold its bundles until the driver exits),
-    then kill it. Best effort and bounded: a dead or hung actor is killed all the same."""
+def end_worker_actors(handles: list, grace: float = 2.0) -> None:
+    """Stop worker actors for good: ask them all to shut down (a tensor-parallel group's supervisor
+    then removes its placement group, which would otherwise hold its bundles until the driver
+    exits), wait once for all of them, then kill them. Best effort and bounded by grace + 5 s
+    however many are hung: a dead or hung actor is killed all the same."""
     import ray
 
-    try:
-        ray.get(handle.shutdown.remote(grace), timeout=grace + 5.0)
-    except Exception:  # noqa: BLE001 - already dead, restarting or hung: the kill below ends it
-        pass
-    try:
-        ray.kill(handle, no_restart=True)
-    except Exception:  # noqa: BLE001 - already gone
-        pass
+    refs = []
+    for handle in handles:
+        try:
+            refs.append(handle.shutdown.remote(grace))
+        except Exception:  # noqa: BLE001 - already gone: the kill below is enough
+            pass
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=grace + 5.0)
+    for handle in handles:
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
 
 def add_worker_args(parser: argparse.ArgumentParser, role: str) -> None:

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from specdec.rpc.worker_host import end_worker_actor
+from specdec.rpc.worker_host import end_worker_actors
 
 # Logical resources of the test cluster: room for the workers of one test module at a time
 # (each worker takes 1 CPU + 1 draft_gpu/target_gpu), plus a spare set.
@@ -53,8 +53,7 @@ def ray_cluster():
 def actor_reaper(ray_cluster):
     handles: list = []
     yield handles
-    for h in handles:  # a TP group's placement group goes too (it would hold its bundles until the session ends)
-        end_worker_actor(h, grace=1.0)
+    end_worker_actors(handles, grace=1.0)  # a TP group's placement group goes too
 
 
 @pytest.fixture(scope="session")

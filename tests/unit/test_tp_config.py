@@ -64,3 +64,15 @@ def test_launch_refuses_before_starting_ray_or_workers(tiny_paths):
     with pytest.raises(ValueError, match="needs 4 bundles"):
         launch(_cfg(str(tiny_paths["llama"]), 4, resources={"target_gpu": 2}))
     assert ray.is_initialized() == was_up  # nothing was started
+
+
+def test_scaling_a_pool_of_groups_is_refused(tiny_paths):
+    cfg = ServeConfig.from_dict(
+        {
+            "target": {"model": str(tiny_paths["qwen2"]), "tensor_parallel": 2, "threads": 2},
+            "draft": None,
+            "router": {"scaling": {"enabled": True}},
+        }
+    )
+    with pytest.raises(ValueError, match="scaling a pool of tensor-parallel groups is not supported"):
+        check_tensor_parallel(cfg, None)
