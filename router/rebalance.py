@@ -206,6 +206,23 @@ def _known_step(d: DrafterView, within_s: float) -> float | None:
     return d.step_s if d.step_s is not None and d.age_s <= within_s else None
 
 
+def priced_drafter(own: str | None, views: dict[str, DrafterView], cfg: RebalanceConfig) -> DrafterView | None:
+    """The drafter whose cost a request's speculation decision prices: its own (``own``), unless
+    the pool would move it (beyond ``move_margin`` of the best one) or it has no measurement: the
+    best. Only measurements younger than ``stale_s`` count: with speculation off nothing measures
+    a drafter again, so an old slow figure (a Propose queued behind a prompt's draft prefill) would
+    keep speculation off for good. With none, the draft is priced free: speculation comes back on
+    after its cooldown, and the next Propose measures the drafter afresh."""
+    measured = [v for v in views.values() if _known_step(v, cfg.stale_s) is not None]
+    best = min(measured, key=lambda v: v.step_s, default=None)
+    mine = views.get(own) if own is not None else None
+    if mine is None or _known_step(mine, cfg.stale_s) is None:
+        return best
+    if best is not None and mine.step_s > cfg.move_margin * best.step_s:
+        return best
+    return mine
+
+
 def _fallback_step(drafters: Sequence[DrafterView], cfg: RebalanceConfig) -> float:
     known = sorted(s for d in drafters if d.up and (s := _known_step(d, cfg.forget_s)) is not None)
     return known[len(known) // 2] if known else 1.0

@@ -18,7 +18,6 @@ from router.rebalance import (
     REF_K,
     DepthPlan,
     DepthState,
-    DrafterView,
     SpecJob,
     TargetView,
     VerifyCost,
@@ -26,6 +25,7 @@ from router.rebalance import (
     plan_depth,
     plan_speculation,
     pooled_acceptance,
+    priced_drafter,
 )
 
 log = logging.getLogger(__name__)
@@ -125,16 +125,6 @@ class TargetBalance:
             return None
         return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0))
 
-    def _drafter_for(self, job: Job, views: dict[str, DrafterView]) -> DrafterView | None:
-        """The drafter whose cost the job will see (the pool's measurements): its own, unless the
-        pool would move it (beyond the move margin of the best one) or it has none yet: the best."""
-        measured = [v for v in views.values() if v.step_s is not None]
-        best = min(measured, key=lambda v: v.step_s, default=None)
-        own = views.get(job.drafter) if job.drafter is not None else None
-        if own is None or own.step_s is None or (best is not None and own.step_s > self.cfg.move_margin * best.step_s):
-            return best
-        return own
-
     def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
         """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
         if not self.cfg.enabled or not batch:
@@ -145,7 +135,7 @@ class TargetBalance:
         acceptance = pooled_acceptance([self._evidence(j) for j in batch], self.pool)
         pool = self.s.drafting.pool
         views = {v.name: v for v in pool.views(now) if v.up} if pool is not None else {}
-        drafters = [self._drafter_for(j, views) if j.spec == "draft" else None for j in batch]
+        drafters = [priced_drafter(j.drafter, views, self.cfg) if j.spec == "draft" else None for j in batch]
         jobs = [
             SpecJob(
                 a=a,

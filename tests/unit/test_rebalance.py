@@ -22,6 +22,7 @@ from router.rebalance import (
     plan_depth,
     plan_speculation,
     pooled_acceptance,
+    priced_drafter,
     round_goodput,
 )
 from specdec.core.speedup import expected_tokens
@@ -294,6 +295,32 @@ def test_speculation_switches_off_lowest_acceptance_first_when_compute_bound_and
     alone = [SpecJob(a=0.8, k=4, off=True, changed_at=10.0, draft_step_s=0.005)]
     assert plan_speculation(alone, FLAT, 10.5, CFG) == [True]  # cooldown
     assert plan_speculation(alone, FLAT, 10.0 + CFG.spec_cooldown_s, CFG) == [False]
+
+
+def test_a_stale_slow_draft_measurement_does_not_keep_speculation_off():
+    """The service's trace (Qwen pair, batch 1): verify 286 ms + 11.5 ms/token; the drafter last
+    measured at 317 ms for one step (a Propose queued behind a prompt's draft prefill), its steady
+    cost ~55 ms. Priced with the slow figure speculation is off; once that figure is older than
+    stale_s it no longer counts, the draft is priced free and speculation comes back on, so the
+    next Propose measures the drafter again."""
+    cost = VerifyCost(t1=0.286, slope=0.0115)
+    views = {"d0": DrafterView("d0", step_s=0.317, age_s=1.0)}
+
+    def plan(views):
+        d = priced_drafter("d0", views, CFG)
+        step = d.step_s if d is not None else 0.0
+        return plan_speculation([SpecJob(a=0.76, k=1, draft_step_s=step)], cost, 10.0, CFG)
+
+    assert plan(views) == [True]  # off: a 317 ms draft step does not pay at a = 0.76
+    stale = {"d0": dataclasses.replace(views["d0"], age_s=CFG.stale_s + 1)}
+    assert priced_drafter("d0", stale, CFG) is None
+    assert plan(stale) == [False]  # back on: nothing fresh says drafting is slow
+    fresh = {"d0": DrafterView("d0", step_s=0.055, age_s=0.5)}
+    assert plan(fresh) == [False]  # and the fresh, steady figure keeps it on
+    # a fresh drafter beyond the move margin of the best is priced as the best (the pool moves it)
+    two = {"d0": DrafterView("d0", step_s=0.3, age_s=0.5), "d1": DrafterView("d1", step_s=0.05, age_s=0.5)}
+    assert priced_drafter("d0", two, CFG).name == "d1"
+    assert priced_drafter("d1", two, CFG).name == "d1"
 
 
 def test_explicit_modes_are_never_switched():
