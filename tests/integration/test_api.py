@@ -112,10 +112,16 @@ def test_access_log_one_line_per_request_without_text(api, caplog):
     next(call)
     call.cancel()
     t_end = time.monotonic() + 10
-    while len([r for r in caplog.records if r.name == ACCESS_LOGGER]) < 3:
+    # wait for these three ids: a line of an earlier test's abandoned stream may land here too
+    while not {"acc-1", "acc-2", "acc-3"} <= {
+        r.access["request_id"] for r in caplog.records if r.name == ACCESS_LOGGER
+    }:
         assert time.monotonic() < t_end, [r.getMessage() for r in caplog.records]
         time.sleep(0.05)
-    lines = {r.access["request_id"]: r for r in caplog.records if r.name == ACCESS_LOGGER}
+    ours = ("acc-1", "acc-2", "acc-3")
+    lines = {
+        r.access["request_id"]: r for r in caplog.records if r.name == ACCESS_LOGGER and r.access["request_id"] in ours
+    }
     ok = lines["acc-1"].access
     assert ok["rpc"] == "Generate" and ok["model"] == MODEL and ok["status"] == "OK"
     assert ok["finish_reason"] == "length" and ok["completion_tokens"] == 12
