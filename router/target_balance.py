@@ -18,15 +18,12 @@ from router.rebalance import (
     REF_K,
     DepthPlan,
     DepthState,
-    SpecJob,
     TargetView,
-    VerifyCost,
     depth_plan,
     plan_depth,
-    plan_speculation,
-    pooled_acceptance,
     priced_drafter,
 )
+from router.speculation_switch import SpecJob, VerifyCost, plan_speculation, pooled_acceptance
 
 log = logging.getLogger(__name__)
 

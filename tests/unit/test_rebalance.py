@@ -13,18 +13,14 @@ from router.rebalance import (
     DepthState,
     DrafterView,
     RebalanceConfig,
-    SpecJob,
     TargetView,
-    VerifyCost,
     assign_drafter,
     depth_plan,
     pick_target,
     plan_depth,
-    plan_speculation,
-    pooled_acceptance,
     priced_drafter,
-    round_goodput,
 )
+from router.speculation_switch import SpecJob, VerifyCost, plan_speculation, pooled_acceptance, round_goodput
 from specdec.core.speedup import expected_tokens
 
 CFG = RebalanceConfig()

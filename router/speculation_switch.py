@@ -1,0 +1,101 @@
+"""The speculation switch as plain functions (the router and the capacity simulator run them):
+AUTO requests stop speculating, lowest acceptance first, where the round's goodput
+B tau / T(B (k + 1)), draft wait included, says plain decoding is faster."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from router.rebalance import RebalanceConfig
+from specdec.core.speedup import expected_tokens
+
+__all__ = ["VerifyCost", "SpecJob", "pooled_acceptance", "round_goodput", "plan_speculation"]
+
+# ---- speculation on / off by goodput -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """Measured verify time as a line in tokens verified: t(n) = t1 + slope (n - 1) seconds (flat
+    while memory-bound, growing once compute-bound)."""
+
+    t1: float
+    slope: float
+
+    def time(self, rows: int) -> float:
+        return max(self.t1, self.t1 + self.slope * (rows - 1))
+
+
+@dataclass(frozen=True)
+class SpecJob:
+    """One request of a round.
+
+    a: its acceptance estimate; k: the draft length it would use if speculating (also while
+    switched off; 0 = nothing to decide); auto: AUTO mode (the policy may switch it); off: switched
+    off now; changed_at: when it was last switched; draft_step_s / draft_fixed_s: what a draft of
+    k steps costs on its drafter, draft_fixed_s + k x draft_step_s, queueing included (0 = drafted
+    locally, e.g. n-gram): the round waits for the slowest of its drafts.
+    """
+
+    a: float
+    k: int
+    auto: bool = True
+    off: bool = False
+    changed_at: float = -math.inf
+    draft_step_s: float = 0.0
+    draft_fixed_s: float = 0.0
+
+
+def pooled_acceptance(
+    evidence: Sequence[tuple[float, float]],
+    pool: tuple[float, float] | None = None,
+    weight: float = 8.0,
+    prior: float = 0.6,
+) -> list[float]:
+    """Each request's acceptance from its (accepted, rejections) counts, shrunk toward the pooled
+    estimate by ``weight`` pseudo-observations: a few unlucky rounds of one request do not switch
+    it off, and a request switched off (its own counts frozen) follows the pool. ``pool``: the
+    target's (accepted, rejections) over a longer memory; None = the batch's own counts."""
+    acc, rej = pool if pool is not None else (sum(a for a, _ in evidence), sum(r for _, r in evidence))
+    pooled = acc / (acc + rej) if acc + rej > 0 else prior
+    return [(a + weight * pooled) / (a + r + weight) for a, r in evidence]
+
+
+def round_goodput(jobs: Sequence[SpecJob], off: Sequence[bool], cost: VerifyCost) -> float:
+    """Tokens per second of one round: B tau / T(B (k + 1)) with per-request a and k, T = the verify
+    time of all rows plus the wait for the slowest draft (draft_fixed_s + draft_step_s x k)."""
+    tokens, rows, wait = 0.0, 0, 0.0
+    for j, o in zip(jobs, off):
+        k = 0 if o else j.k
+        tokens += expected_tokens(min(max(j.a, 0.0), 1.0), k)
+        rows += k + 1
+        if k > 0:
+            wait = max(wait, j.draft_fixed_s + j.draft_step_s * k)
+    return tokens / (cost.time(rows) + wait)
+
+
+def plan_speculation(jobs: Sequence[SpecJob], cost: VerifyCost | None, now: float, cfg: RebalanceConfig) -> list[bool]:
+    """New off flags for a round's requests: AUTO requests switch off, lowest acceptance first, as
+    long as that raises the round's goodput. A plan with more requests off than now needs a gain of
+    ``spec_off_margin``, one with fewer ``spec_on_margin``; a request switched less than
+    ``spec_cooldown_s`` ago keeps its state."""
+    current = [j.off for j in jobs]
+    if cost is None or not jobs:
+        return current
+    free = [i for i, j in enumerate(jobs) if j.auto and j.k > 0 and now - j.changed_at >= cfg.spec_cooldown_s]
+    if not free:
+        return current
+    order = sorted(free, key=lambda i: (jobs[i].a, i))
+    best, best_g = current, round_goodput(jobs, current, cost)
+    g_now = best_g
+    for m in range(len(order) + 1):
+        flags = list(current)
+        for n, i in enumerate(order):
+            flags[i] = n < m
+        g = round_goodput(jobs, flags, cost)
+        if g > best_g:
+            best, best_g = flags, g
+    margin = cfg.spec_off_margin if sum(best) > sum(current) else cfg.spec_on_margin
+    return best if best_g > g_now * (1.0 + margin) else current
