@@ -52,6 +52,7 @@ class _Waiter:
     future: asyncio.Future
     started: list | None  # gets True when the call carrying these sequences is sent
     t0: float  # the pool's clock when it was queued
+    measure: bool = True  # False: it prefills (its time is not a draft step's)
 
 
 @dataclass
@@ -108,14 +109,15 @@ class DrafterPool:
 
     # ---- Propose, coalesced per drafter ---------------------------------------------------------------
     async def propose(
-        self, name: str, seqs: list[worker_pb2.Sequence], started: list | None = None
+        self, name: str, seqs: list[worker_pb2.Sequence], started: list | None = None, measure: bool = True
     ) -> list[worker_pb2.Draft]:
         """Drafts for ``seqs`` from drafter ``name``, sent with whatever else waits for it. Cancelling
-        a call that was not sent yet withdraws it; ``started`` gets True once it is sent."""
+        a call that was not sent yet withdraws it; ``started`` gets True once it is sent. A call
+        carrying one with ``measure`` false (it prefills) does not update the drafter's step time."""
         d = self._d.get(name)
         if d is None:
             raise WorkerUnavailable(f"draft worker {name} left the pool")
-        w = _Waiter(seqs, asyncio.get_running_loop().create_future(), started, self.clock())
+        w = _Waiter(seqs, asyncio.get_running_loop().create_future(), started, self.clock(), measure)
         d.queue.append(w)
         if d.sender is None or d.sender.done():
             d.sender = asyncio.get_running_loop().create_task(self._send(name, d))
@@ -142,7 +144,7 @@ class DrafterPool:
 
     async def _call(self, name: str, d: _Drafter, batch: list[_Waiter]) -> None:
         seqs = [s for w in batch for s in w.seqs]
-        steps = max(s.k for s in seqs)
+        steps = max(s.k for s in seqs) if all(w.measure for w in batch) else 0  # 0: not measured
         for w in batch:
             if w.started is not None:
                 w.started.append(True)  # the call reaches the worker now (before: only queued here)

@@ -85,10 +85,18 @@ class DraftSource:
         return name
 
     async def propose(
-        self, name: str, seqs: list[worker_pb2.Sequence], started: list | None = None
+        self, name: str, seqs: list[worker_pb2.Sequence], started: list | None = None, measure: bool = True
     ) -> list[worker_pb2.Draft]:
         assert self.pool is not None
-        return await self.pool.propose(name, seqs, started)
+        return await self.pool.propose(name, seqs, started, measure)
+
+    def _feed(self, job: Job, name: str, length: int) -> bool:
+        """Record that drafter ``name`` is sent ``length`` tokens of ``job``; False when that is more
+        new tokens than a round commits (a prompt's tail, or catching up after speculation was
+        off): such a Propose prefills, and its time says nothing of a draft step."""
+        new = length - job.draft_fed.get(name, 0)
+        job.draft_fed[name] = length
+        return new <= self.cfg.k_policy.k_max + 1
 
     def decode_draft(self, m: worker_pb2.Draft, k: int, offset: int = 0) -> Draft | None:
         try:
@@ -173,8 +181,9 @@ class DraftSource:
         seqs = [
             sequence_to_proto(batch[i].key, batch[i].state.tokens, batch[i].params, batch[i].mode, ks[i]) for i in idx
         ]
+        measure = all(self._feed(batch[i], name, len(batch[i].state.tokens)) for i in idx)
         started: list = []
-        task = self.spawn(self.propose(name, seqs, started))
+        task = self.spawn(self.propose(name, seqs, started, measure))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
         return name, idx, task, started
 
@@ -212,7 +221,7 @@ class DraftSource:
         """Draft round r+1 on the all-accepted guess while the target verifies round r."""
         if not enabled or self.pool is None:
             return
-        groups: dict[str, tuple[list[int], list[worker_pb2.Sequence]]] = {}
+        groups: dict[str, tuple[list[int], list[worker_pb2.Sequence], list[bool]]] = {}
         for i, (job, k, d) in enumerate(zip(batch, ks, drafts)):
             if job.spec != "draft" or k <= 0 or len(d.tokens) != k or job.drafter is None:
                 continue
@@ -225,11 +234,12 @@ class DraftSource:
             )
             if k_next <= 0:
                 continue
-            idx, seqs = groups.setdefault(job.drafter, ([], []))
+            idx, seqs = groups.setdefault(job.drafter, ([], [], []))[:2]
             idx.append(i)
             seqs.append(sequence_to_proto(job.key, st.tokens + d.tokens, job.params, job.mode, k_next + 1))
-        for name, (idx, seqs) in groups.items():
-            task = self.spawn(self.propose(name, seqs))
+            groups[job.drafter][2].append(self._feed(job, job.drafter, len(st.tokens) + len(d.tokens)))
+        for name, (idx, seqs, measure) in groups.items():
+            task = self.spawn(self.propose(name, seqs, None, all(measure)))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
             for n, i in enumerate(idx):
                 job = batch[i]
@@ -240,8 +250,9 @@ class DraftSource:
     def prefill(self, jobs: list[Job], ends: dict[str, int]) -> None:
         """Send the drafters the same prompt chunks as the target, without waiting: they cache them
         while the target does, and a job's first Propose queues behind them on its drafter. A
-        prompt's last chunk goes with that first Propose instead (a short prompt sends no Prefill)."""
-        jobs = [j for j in jobs if j.spec == "draft" and ends[j.key] < j.state.prefill_total]
+        prompt's last chunk goes with that first Propose instead (a short prompt sends no Prefill).
+        A request that starts with speculation switched off sends nothing (TargetBalance.start)."""
+        jobs = [j for j in jobs if j.spec == "draft" and not j.spec_off and ends[j.key] < j.state.prefill_total]
         if not jobs or self.pool is None:
             return
         groups: dict[str, list[Job]] = {}
@@ -253,6 +264,7 @@ class DraftSource:
             seqs = [sequence_to_proto(j.key, j.state.prompt_ids[: ends[j.key] + 1], j.params, j.mode) for j in group]
             for job in group:
                 job.drafters.add(name)  # the drafter holds a slot for it now
+                job.draft_fed[name] = ends[job.key] + 1
             task = self.spawn(self._prefill(name, seqs))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
 

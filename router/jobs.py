@@ -71,9 +71,14 @@ class Job:
     drafter_at: float | None = None
     moved_from: str | None = None
     drafters: set[str] = field(default_factory=set)
-    # Speculation switched off by the rebalancer's goodput rule (AUTO requests), and when it last changed.
+    # Tokens of it each drafter was sent (a Propose carrying many more catches a drafter up: its
+    # time says nothing of a draft step).
+    draft_fed: dict[str, int] = field(default_factory=dict)
+    # Speculation switched off by the rebalancer's goodput rule (AUTO requests), when it last
+    # changed, and whether its starting state was planned (router/target_balance.py:start).
     spec_off: bool = False
     spec_changed_at: float = -math.inf
+    spec_planned: bool = False
 
     @property
     def params(self) -> SamplingParams:

@@ -44,6 +44,9 @@ __all__ = [
     "DrafterView",
     "Assignment",
     "placement_cost",
+    "priced_drafter",
+    "guessed_price",
+    "is_guess",
     "assign_drafter",
     "TargetView",
     "DepthState",
@@ -201,19 +204,34 @@ def _known_step(d: DrafterView, within_s: float) -> float | None:
 
 def priced_drafter(own: str | None, views: dict[str, DrafterView], cfg: RebalanceConfig) -> DrafterView | None:
     """The drafter whose cost a request's speculation decision prices: its own (``own``), unless
-    the pool would move it (beyond ``move_margin`` of the best one) or it has no measurement: the
-    best. Only measurements younger than ``stale_s`` count: with speculation off nothing measures
-    a drafter again, so an old slow figure (a Propose queued behind a prompt's draft prefill) would
-    keep speculation off for good. With none, the draft is priced free: speculation comes back on
-    after its cooldown, and the next Propose measures the drafter afresh."""
-    measured = [v for v in views.values() if _known_step(v, cfg.stale_s) is not None]
-    best = min(measured, key=lambda v: v.step_s, default=None)
+    the pool would move it (beyond ``move_margin`` of the best one) or it has no fresh measurement:
+    the best fresh one. With no measurement younger than ``stale_s``, the last one is a guess whose
+    price halves every further ``stale_s`` (:func:`guessed_price`); never measured: None (free).
+    With speculation off nothing measures a drafter again, so an old slow figure (a Propose that
+    queued behind a prompt's draft prefill) must not keep speculation off for good; and one that
+    lost by far is tried again later than one that lost narrowly (a back-off)."""
+    fresh = [v for v in views.values() if _known_step(v, cfg.stale_s) is not None]
+    best = min(fresh, key=lambda v: v.step_s, default=None)
     mine = views.get(own) if own is not None else None
-    if mine is None or _known_step(mine, cfg.stale_s) is None:
+    if mine is not None and _known_step(mine, cfg.stale_s) is not None:
+        return best if mine.step_s > cfg.move_margin * best.step_s else mine
+    if best is not None:
         return best
-    if best is not None and mine.step_s > cfg.move_margin * best.step_s:
-        return best
-    return mine
+    if mine is None or mine.step_s is None:
+        mine = min((v for v in views.values() if v.step_s is not None), key=lambda v: v.step_s, default=None)
+    return None if mine is None else guessed_price(mine, cfg)
+
+
+def guessed_price(v: DrafterView, cfg: RebalanceConfig) -> DrafterView:
+    """A measurement ``age_s`` old, priced at half its cost for every ``stale_s`` past ``stale_s``."""
+    f = 0.5 ** (max(0.0, v.age_s - cfg.stale_s) / cfg.stale_s)
+    return dataclasses.replace(v, step_s=v.step_s * f, fixed_s=v.fixed_s * f)
+
+
+def is_guess(v: DrafterView | None, cfg: RebalanceConfig) -> bool:
+    """Whether a price is a guess (never measured, or measured more than ``stale_s`` ago): at
+    most one request switches speculation on by a guess (router/speculation_switch.py)."""
+    return v is None or _known_step(v, cfg.stale_s) is None
 
 
 def _fallback_step(drafters: Sequence[DrafterView], cfg: RebalanceConfig) -> float:

@@ -323,6 +323,8 @@ class TargetScheduler:
 
     async def _round(self, batch: list[Job]) -> None:
         t0 = time.monotonic()
+        if any(not j.spec_planned for j in self.running):
+            self.balance.start(self.running, [self._want_k(j) for j in self.running])
         decoding = [j for j in batch if not j.state.prefilling]
         ks = [self._want_k(j) for j in decoding]
         try:

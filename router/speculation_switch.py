@@ -1,6 +1,8 @@
 """The speculation switch as plain functions (the router and the capacity simulator run them):
 AUTO requests stop speculating, lowest acceptance first, where the round's goodput
-B tau / T(B (k + 1)), draft wait included, says plain decoding is faster."""
+B tau / T(B (k + 1)), draft wait included, says plain decoding is faster. A draft priced by a
+guess (its drafter not measured lately) switches at most one request on: a probe, whose
+Proposes measure the drafter for the rest."""
 
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ class SpecJob:
     switched off; 0 = nothing to decide); auto: AUTO mode (the policy may switch it); off: switched
     off now; changed_at: when it was last switched; draft_step_s / draft_fixed_s: what a draft of
     k steps costs on its drafter, draft_fixed_s + k x draft_step_s, queueing included (0 = drafted
-    locally, e.g. n-gram): the round waits for the slowest of its drafts.
+    locally, e.g. n-gram): the round waits for the slowest of its drafts. guessed: the draft
+    cost is a guess (router.rebalance.is_guess), not a fresh measurement.
     """
 
     a: float
@@ -46,6 +49,7 @@ class SpecJob:
     changed_at: float = -math.inf
     draft_step_s: float = 0.0
     draft_fixed_s: float = 0.0
+    guessed: bool = False
 
 
 def pooled_acceptance(
@@ -98,4 +102,15 @@ def plan_speculation(jobs: Sequence[SpecJob], cost: VerifyCost | None, now: floa
         if g > best_g:
             best, best_g = flags, g
     margin = cfg.spec_off_margin if sum(best) > sum(current) else cfg.spec_on_margin
-    return best if best_g > g_now * (1.0 + margin) else current
+    return _one_probe(jobs, current, best) if best_g > g_now * (1.0 + margin) else current
+
+
+def _one_probe(jobs: Sequence[SpecJob], current: Sequence[bool], flags: list[bool]) -> list[bool]:
+    """``flags`` with at most one request switched on by a guessed draft price (the one with the
+    highest acceptance), none while one already speculates by a guess: switching many on by a
+    guess would make them all pay (a drafter catching up on their tokens) for what one Propose
+    tells. The plan is judged as a whole: one request alone may not pay where all of them would."""
+    probing = any(j.guessed and not f for j, f in zip(jobs, current))
+    rising = [i for i, (j, c, f) in enumerate(zip(jobs, current, flags)) if j.guessed and c and not f]
+    keep = None if probing else max(rising, key=lambda i: (jobs[i].a, -i), default=None)
+    return [True if i in rising and i != keep else f for i, f in enumerate(flags)]

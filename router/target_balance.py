@@ -20,6 +20,7 @@ from router.rebalance import (
     DepthState,
     TargetView,
     depth_plan,
+    is_guess,
     plan_depth,
     priced_drafter,
 )
@@ -122,29 +123,67 @@ class TargetBalance:
             return None
         return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0))
 
-    def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
-        """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
-        if not self.cfg.enabled or not batch:
-            return ks
-        if sum(self.pool) < self.cfg.spec_min_evidence:
-            return ks  # not enough measured acceptance to decide anything yet
-        now = self.clock()
+    def _spec_jobs(self, batch: list[Job], ks: list[int], now: float, free: set[int] | None = None) -> list[SpecJob]:
+        """The policy's view of a round's requests (``free``: the indices it may switch; None = all)."""
         acceptance = pooled_acceptance([self._evidence(j) for j in batch], self.pool)
         pool = self.s.drafting.pool
         views = {v.name: v for v in pool.views(now) if v.up} if pool is not None else {}
-        drafters = [priced_drafter(j.drafter, views, self.cfg) if j.spec == "draft" else None for j in batch]
-        jobs = [
-            SpecJob(
-                a=a,
-                k=k,
-                auto=j.auto and j.spec != "off",
-                off=j.spec_off,
-                changed_at=j.spec_changed_at,
-                draft_step_s=(d.wait(REF_K) - d.fixed_s) / REF_K if d is not None else 0.0,
-                draft_fixed_s=d.fixed_s if d is not None else 0.0,
+        jobs = []
+        for i, (j, k, a) in enumerate(zip(batch, ks, acceptance)):
+            d = priced_drafter(j.drafter, views, self.cfg) if j.spec == "draft" else None
+            jobs.append(
+                SpecJob(
+                    a=a,
+                    k=k,
+                    auto=j.auto and j.spec != "off" and (free is None or i in free),
+                    off=j.spec_off,
+                    changed_at=j.spec_changed_at,
+                    draft_step_s=(d.wait(REF_K) - d.fixed_s) / REF_K if d is not None else 0.0,
+                    draft_fixed_s=d.fixed_s if d is not None else 0.0,
+                    guessed=j.spec == "draft" and is_guess(d, self.cfg),
+                )
             )
-            for j, k, a, d in zip(batch, ks, acceptance, drafters)
-        ]
+        return jobs
+
+    def _decided(self) -> bool:
+        return self.cfg.enabled and sum(self.pool) >= self.cfg.spec_min_evidence
+
+    def start(self, running: list[Job], ks: list[int]) -> None:
+        """Whether new AUTO requests start speculating, planned with the running batch as it is
+        (``ks``: each one's draft length). One that starts switched off sends its drafter nothing
+        (no draft prefill): at a load where plain decoding is faster, drafting for it would only
+        take the devices' time (on a shared host, the target's). If it is switched on later, its
+        first Propose catches the drafter up."""
+        new = {i for i, j in enumerate(running) if not j.spec_planned}
+        for i in new:
+            running[i].spec_planned = True
+        cost = self.cost()
+        if not new or not self._decided() or cost is None:
+            return
+        now = self.clock()
+        jobs = self._spec_jobs(running, ks, now, free=new)
+        flags = plan_speculation(jobs, cost, now, self.cfg)
+        starting_off = [running[i] for i in sorted(new) if flags[i]]
+        for j in starting_off:
+            j.spec_off, j.spec_changed_at = True, now
+            self.s.metrics.rebalance_actions.labels("spec_off").inc()
+        if starting_off:
+            log.info(
+                "speculation by goodput on %s: %d new request(s) start off (batch of %d; verify %.1f ms "
+                "+ %.2f ms/token)",
+                self.s.target.name,
+                len(starting_off),
+                len(running),
+                1000 * cost.t1,
+                1000 * cost.slope,
+            )
+
+    def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
+        """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
+        if not batch or not self._decided():
+            return ks  # off, or not enough measured acceptance to decide anything yet
+        now = self.clock()
+        jobs = self._spec_jobs(batch, ks, now)
         cost = self.cost()
         flags = plan_speculation(jobs, cost, now, self.cfg)  # unchanged without a measured cost
         changed = [(j, off) for j, off in zip(batch, flags) if off != j.spec_off]
@@ -155,7 +194,7 @@ class TargetBalance:
             n_off = sum(off for _, off in changed)
             log.info(
                 "speculation by goodput on %s: %d request(s) off, %d back on (batch of %d; verify %.1f ms "
-                "+ %.2f ms/token, drafts %s ms, acceptance %.2f..%.2f, k %s)",
+                "+ %.2f ms/token, drafts %s ms%s, acceptance %.2f..%.2f, k %s)",
                 self.s.target.name,
                 n_off,
                 len(changed) - n_off,
@@ -163,8 +202,9 @@ class TargetBalance:
                 1000 * cost.t1,
                 1000 * cost.slope,
                 [round(1000 * (j.draft_fixed_s + j.draft_step_s * j.k), 1) for j in jobs],
-                min(acceptance),
-                max(acceptance),
+                " (guessed)" if any(j.guessed for j in jobs) else "",
+                min(j.a for j in jobs),
+                max(j.a for j in jobs),
                 ks,
             )
         return [0 if off else k for k, off in zip(ks, flags)]

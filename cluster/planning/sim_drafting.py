@@ -32,16 +32,16 @@ class SimDrafting:
             return None
         name = pool.assign(job, g.home)
         if job.moved_from is not None:
-            job.draft_cached, job.seeded = 0, False
+            job.draft_cached = 0
         return name
 
     # ---- the draft side of a prefill -------------------------------------------------------------
     def prefill(self, g: Group, chunks: list[Job], plan: dict[str, int]) -> None:
         """The drafters cache the same prompt chunks, unawaited (not a prompt's last chunk: that one
-        goes with the first Propose)."""
+        goes with the first Propose; nothing for a request that starts switched off)."""
         sim = self.sim
         for j in chunks:
-            if j.spec != "draft" or plan[j.key] >= j.state.prefill_total:
+            if j.spec != "draft" or j.spec_off or plan[j.key] >= j.state.prefill_total:
                 continue
             name = self.assign(g, j)
             if name is None:
@@ -62,12 +62,15 @@ class SimDrafting:
         d = self.drafters[name]
         context = max(len(j.state.tokens) for j in jobs)
         dur = sim.costs.draft_rpc_s + sim.costs.draft_s(len(jobs), k, context)
-        uncached = sum(len(j.state.tokens) - j.draft_cached for j in jobs if not j.seeded)
-        if uncached > 0:  # a first Propose carries the prompt's tail (or a moved request's whole cache)
-            dur += sim.costs.draft_prefill_s(uncached)
+        # DraftSource._feed: more new tokens than a round commits (a prompt's tail, a moved request,
+        # catching up after speculation was off) is a prefill there, and the pool does not measure it
+        new = [len(j.state.tokens) - j.draft_cached for j in jobs]
+        catch_up = sum(n for n in new if n > sim.P.cfg.k_policy.k_max + 1)
+        if catch_up:
+            dur += sim.costs.draft_prefill_s(catch_up)
         for j in jobs:
-            j.seeded = True
-        call, t_req = sim.pool.begin(name, k), sim.now
+            j.draft_cached = len(j.state.tokens)
+        call, t_req = sim.pool.begin(name, 0 if catch_up else k), sim.now
         _, end = d.worker.reserve(sim.now, dur)
         sim.at(end, lambda: sim.pool.end(name, call, True, since=t_req))
         return end

@@ -83,8 +83,7 @@ class Job:
     t_end: float | None = None
     in_flight: bool = False
     done: bool = False
-    draft_cached: int = 0  # prompt tokens its drafter has cached (Prefill chunks)
-    seeded: bool = False  # its drafter has the whole sequence (after its first Propose there)
+    draft_cached: int = 0  # tokens its drafter was sent (Prefill chunks, Proposes): router Job.draft_fed
     predraft: PreDraft | None = None
     last_all_accepted: bool = False  # the previous round accepted every draft token ...
     last_bonus_match: bool = False  # ... and the drafter's next token was the target's bonus token
@@ -97,6 +96,7 @@ class Job:
     drafters: set[str] = field(default_factory=set)
     spec_off: bool = False
     spec_changed_at: float = -math.inf
+    spec_planned: bool = False
 
 
 @dataclass

@@ -229,6 +229,8 @@ class _Sim:
     def _round(self, g: Group, batch: list[Job]) -> Generator:
         c = self.costs
         t_round = self.now
+        if any(not j.spec_planned for j in g.running):
+            g.balance.start(g.running, [self._want_k(g, j) for j in g.running])
         decoding = [j for j in batch if not j.state.prefilling]
         ks = [self._want_k(g, j) for j in decoding]
         cached = yield from self._prefill(g, batch, sum(k + 1 for k in ks))

@@ -228,3 +228,25 @@ def test_the_routers_rebalancer_runs_in_the_simulation():
     assert on.rebalance_actions.get("spec_off", 0) > 0 and not off.rebalance_actions
     assert on.summary["drafted"] < off.summary["drafted"]
     assert on.summary["tpot_ms_p50"] < off.summary["tpot_ms_p50"]  # plain decoding is faster here
+
+
+def test_requests_arriving_where_speculation_loses_start_off_and_skip_the_draft_prefill(monkeypatch):
+    """Once the goodput rule has switched speculation off (steep verify, drafts almost never
+    accepted), requests arriving later start switched off (router TargetBalance.start) and their
+    long prompts are not prefilled on the drafter: the draft device does less work than when
+    every new request starts on (start() disabled), and the outputs are as many tokens."""
+    steep = make_profile()
+    steep.target_forward = Grid([1, 64], [1, 16], [[100.0, 1600.0], [100.0, 1600.0]])
+    steep.draft_prefill = Curve([1, 1000], [1.0, 1000.0])  # 1 ms a prompt token on the drafter
+
+    def run():
+        dep = deployment(steep, max_batched_tokens=256, prefill_chunk=64)
+        return simulate(dep, requests(16, 0.05, prompt=400, output=32, rate=2.0))
+
+    lazy = run()
+    monkeypatch.setattr("router.target_balance.TargetBalance.start", lambda self, running, ks: None)
+    eager = run()
+    assert lazy.summary["tokens"] == eager.summary["tokens"] == 16 * 32
+    assert lazy.rebalance_actions.get("spec_off", 0) > 0
+    # the 8 requests that start off (measured: draft busy 18 % of the wall vs 31 %)
+    assert lazy.utilization["draft"] < 0.7 * eager.utilization["draft"]

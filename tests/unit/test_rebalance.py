@@ -16,6 +16,7 @@ from router.rebalance import (
     TargetView,
     assign_drafter,
     depth_plan,
+    is_guess,
     pick_target,
     plan_depth,
     priced_drafter,
@@ -297,26 +298,48 @@ def test_a_stale_slow_draft_measurement_does_not_keep_speculation_off():
     """The service's trace (Qwen pair, batch 1): verify 286 ms + 11.5 ms/token; the drafter last
     measured at 317 ms for one step (a Propose queued behind a prompt's draft prefill), its steady
     cost ~55 ms. Priced with the slow figure speculation is off; once that figure is older than
-    stale_s it no longer counts, the draft is priced free and speculation comes back on, so the
-    next Propose measures the drafter again."""
+    stale_s it is a guess whose price halves every further stale_s, so speculation comes back on
+    (the next Propose measures the drafter again), later the further it was from paying."""
     cost = VerifyCost(t1=0.286, slope=0.0115)
     views = {"d0": DrafterView("d0", step_s=0.317, age_s=1.0)}
 
     def plan(views):
         d = priced_drafter("d0", views, CFG)
         step = d.step_s if d is not None else 0.0
-        return plan_speculation([SpecJob(a=0.76, k=1, draft_step_s=step)], cost, 10.0, CFG)
+        return plan_speculation([SpecJob(a=0.76, k=1, draft_step_s=step, guessed=is_guess(d, CFG))], cost, 10.0, CFG)
+
+    def aged(age):
+        return {"d0": dataclasses.replace(views["d0"], age_s=age)}
 
     assert plan(views) == [True]  # off: a 317 ms draft step does not pay at a = 0.76
-    stale = {"d0": dataclasses.replace(views["d0"], age_s=CFG.stale_s + 1)}
-    assert priced_drafter("d0", stale, CFG) is None
-    assert plan(stale) == [False]  # back on: nothing fresh says drafting is slow
+    guess = priced_drafter("d0", aged(CFG.stale_s + 1), CFG)
+    assert is_guess(guess, CFG) and guess.step_s == pytest.approx(0.317 * 0.5 ** (1 / CFG.stale_s))
+    assert plan(aged(CFG.stale_s + 1)) == [True]  # a guess still too dear: stays off
+    assert plan(aged(3 * CFG.stale_s)) == [False]  # a quarter of it pays: back on (a probe)
+    assert priced_drafter("d0", {"d0": DrafterView("d0")}, CFG) is None  # never measured: free
     fresh = {"d0": DrafterView("d0", step_s=0.055, age_s=0.5)}
     assert plan(fresh) == [False]  # and the fresh, steady figure keeps it on
+    assert not is_guess(priced_drafter("d0", fresh, CFG), CFG)
     # a fresh drafter beyond the move margin of the best is priced as the best (the pool moves it)
     two = {"d0": DrafterView("d0", step_s=0.3, age_s=0.5), "d1": DrafterView("d1", step_s=0.05, age_s=0.5)}
     assert priced_drafter("d0", two, CFG).name == "d1"
     assert priced_drafter("d1", two, CFG).name == "d1"
+    # a stale own drafter is priced as the best fresh one
+    mixed = {"d0": DrafterView("d0", step_s=0.3, age_s=99.0), "d1": DrafterView("d1", step_s=0.05, age_s=0.5)}
+    assert priced_drafter("d0", mixed, CFG).name == "d1"
+
+
+def test_a_guessed_price_switches_one_request_on_at_a_time():
+    """Eight requests off at a saturated target, their drafter's price a guess that says drafting
+    pays now: only the one with the highest acceptance switches on (the probe), and no other
+    follows while it speculates by the guess; a fresh price decides for all of them."""
+    cost = VerifyCost(t1=0.3, slope=0.001)
+    off = [SpecJob(a=0.5 + 0.01 * i, k=4, off=True, draft_step_s=0.01, guessed=True) for i in range(8)]
+    assert plan_speculation(off, cost, 100.0, CFG) == [True] * 7 + [False]
+    probing = [dataclasses.replace(j, off=False) if i == 7 else j for i, j in enumerate(off)]
+    assert plan_speculation(probing, cost, 100.0, CFG) == [True] * 7 + [False]
+    measured = [dataclasses.replace(j, guessed=False) for j in probing]
+    assert plan_speculation(measured, cost, 100.0, CFG) == [False] * 8
 
 
 def test_explicit_modes_are_never_switched():
