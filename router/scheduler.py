@@ -52,7 +52,6 @@ from router.policy import (
     policy_k,
     request_k_policy,
     resolve_spec,
-    want_k,
 )
 from router.target_balance import TargetBalance
 from router.target_link import TargetLink
@@ -288,18 +287,7 @@ class TargetScheduler:
         return policy_k(job.state)
 
     def _want_k(self, job: Job) -> int:
-        plan = self.balance.depth_plan
-        return want_k(
-            job.spec,
-            job.auto,
-            len(self.running),
-            self.cfg.auto_off_batch,
-            job.state,
-            self.max_context,
-            self.cost,
-            cost_scale=plan.cost_scale,
-            k_range=(plan.k_lo, plan.k_hi),
-        )
+        return self.balance.want_k(job, len(self.running), self.max_context)
 
     async def _prefill(self, batch: list[Job], verify_tokens: int) -> list[Job]:
         """Cache this round's prompt chunks on the target (and the drafter); return the jobs whose

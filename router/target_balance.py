@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from router import policy
 from router.jobs import Job
 from router.rebalance import (
     REF_K,
@@ -57,6 +58,23 @@ class TargetBalance:
     def depth_plan(self) -> DepthPlan:
         kp = self.s.cfg.k_policy
         return depth_plan(self.depth.level if self.cfg.enabled else "normal", kp.k_min, kp.k_max, self.cfg)
+
+    def want_k(self, job: Job, running: int, max_context: int) -> int:
+        """A request's draft length for its next round: the router's k policy
+        (:func:`router.policy.want_k`) bounded by this target's depth plan. The scheduler and the
+        simulator both ask here."""
+        plan = self.depth_plan
+        return policy.want_k(
+            job.spec,
+            job.auto,
+            running,
+            self.s.cfg.auto_off_batch,
+            job.state,
+            max_context,
+            self.s.cost,
+            cost_scale=plan.cost_scale,
+            k_range=(plan.k_lo, plan.k_hi),
+        )
 
     @property
     def predraft(self) -> bool:

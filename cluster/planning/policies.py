@@ -61,21 +61,6 @@ class RouterPolicy:
         state = new_request(key, [0] * prompt_tokens, params, VerifyMode.GREEDY, kp, set(), _no_text)
         return state, spec, auto
 
-    def want_k(self, job: Any, running: int, max_context: int, cost: CostMeter, balance: TargetBalance) -> int:
-        """TargetScheduler._want_k: the k policy bounded by the target's depth plan."""
-        plan = balance.depth_plan
-        return policy.want_k(
-            job.spec,
-            job.auto,
-            running,
-            self.cfg.auto_off_batch,
-            job.state,
-            max_context,
-            cost,
-            cost_scale=plan.cost_scale,
-            k_range=(plan.k_lo, plan.k_hi),
-        )
-
     def policy_k(self, state: RequestState) -> int:
         return policy.policy_k(state)
 

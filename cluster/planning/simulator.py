@@ -224,7 +224,7 @@ class _Sim:
 
     # ---- a round (TargetScheduler._round) ------------------------------------------------------
     def _want_k(self, g: Group, j: Job) -> int:
-        return self.P.want_k(j, len(g.running), self.dep.max_context, g.cost, g.balance)
+        return g.balance.want_k(j, len(g.running), self.dep.max_context)
 
     def _round(self, g: Group, batch: list[Job]) -> Generator:
         c = self.costs

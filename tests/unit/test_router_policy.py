@@ -74,8 +74,10 @@ def test_the_scheduler_calls_these_functions():
     """One policy: the scheduler and the drafting module use router.policy, not copies."""
     import router.drafting as drafting
     import router.scheduler as scheduler
+    import router.target_balance as target_balance
 
-    for name in ("batch_capacity", "can_admit", "lane_share", "policy_k", "request_k_policy", "resolve_spec", "want_k"):
+    for name in ("batch_capacity", "can_admit", "lane_share", "policy_k", "request_k_policy", "resolve_spec"):
         assert getattr(scheduler, name) is getattr(policy, name), name
+    assert target_balance.policy is policy  # want_k, through the module (the simulator's test patches it)
     for name in ("draft_deadline", "predraft_k"):
         assert getattr(drafting, name) is getattr(policy, name), name
