@@ -19,7 +19,6 @@ import logging
 import random
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -27,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from specdec.bench.serve_metrics import add_cost, phase_split, scrape, sum_splits
 from specdec.bench.stats import percentile
 from specdec.core.prompts import Prompt
 from specdec.rpc.client import SpecdecClient
@@ -127,70 +127,6 @@ class _Runner:
                 rec["finish_reason"] = ch.finish_reason
                 rec["stats"] = ch.stats
         rec["tokens"] = len(rec["token_ids"])
-
-
-# ---- metrics scraping ------------------------------------------------------------------------
-
-
-def _scrape(url: str | None) -> dict[str, float] | None:
-    if not url:
-        return None
-    try:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            text = resp.read().decode()
-    except Exception:  # noqa: BLE001 - the split is optional
-        return None
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name.startswith("specdec_round_phase_seconds_") and s.name.endswith(("_sum", "_count")):
-                out[f"{s.name.rsplit('_', 1)[1]}:{s.labels.get('phase')}"] = s.value
-            elif s.name in (
-                "specdec_rounds_total",
-                "specdec_drafted_tokens_total",
-                "specdec_accepted_tokens_total",
-                "specdec_predraft_total",
-                "specdec_fail_open_rounds_total",
-            ):
-                key = s.name + ("".join(f":{v}" for v in s.labels.values()))
-                out[key] = out.get(key, 0.0) + s.value
-    return out
-
-
-def _phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | None:
-    if before is None or after is None:
-        return None
-
-    def d(key: str) -> float:
-        return after.get(key, 0.0) - before.get(key, 0.0)
-
-    rounds = d("count:round")
-    if rounds <= 0:
-        return None
-    split = {"rounds": int(rounds)}
-    for phase in ("draft_wait", "verify", "rpc", "router", "round"):
-        if f"sum:{phase}" in after:
-            split[f"{phase}_ms_per_round"] = round(1000.0 * d(f"sum:{phase}") / rounds, 3)
-    split["drafted_per_round"] = round(d("specdec_drafted_tokens_total") / rounds, 3)
-    hits, misses = d("specdec_predraft_total:hit"), d("specdec_predraft_total:miss")
-    if hits + misses > 0:
-        split["predraft_hit_rate"] = round(hits / (hits + misses), 3)
-    return split
-
-
-def _add_cost(summary: dict[str, Any]) -> None:
-    """c = draft wait per draft step / verify time per round (DESIGN.md's c as the pipeline sees
-    it; drafting of a batch runs in steps, one per draft position) and the sequential bound
-    tau / (k c + 1), with k the mean draft length per request-round."""
-    split = summary.get("split")
-    k = summary.get("k_mean")
-    if not split or not k or not split.get("verify_ms_per_round"):
-        return
-    split["c"] = round((split["draft_wait_ms_per_round"] / k) / split["verify_ms_per_round"], 3)
-    if summary.get("tau"):
-        summary["bound_sequential"] = round(summary["tau"] / (k * split["c"] + 1.0), 3)
 
 
 # ---- scenarios -------------------------------------------------------------------------------
@@ -297,15 +233,15 @@ def _interleaved(
             if m == "engine":
                 recs[m].append(engine.one(prompt, runner.options.max_tokens))
                 continue
-            before = _scrape(url)
+            before = scrape(url)
             recs[m].append(runner.one(prompt, m))
-            splits[m].append((before, _scrape(url)))
+            splits[m].append((before, scrape(url)))
     out = []
     for m in names:
         wall = sum(r["t_end"] - r["t_start"] for r in recs[m])
         summary = summarize(recs[m], wall)
         if m != "engine" and url:
-            summary["split"] = _sum_splits(splits[m])
+            summary["split"] = sum_splits(splits[m])
         out.append(
             {
                 "scenario": "closed c=1",
@@ -318,18 +254,6 @@ def _interleaved(
             }
         )
     return out
-
-
-def _sum_splits(pairs: list[tuple[dict | None, dict | None]]) -> dict | None:
-    total_before: dict[str, float] = {}
-    total_after: dict[str, float] = {}
-    for before, after in pairs:
-        if before is None or after is None:
-            return None
-        for k in set(before) | set(after):
-            total_before[k] = total_before.get(k, 0.0) + before.get(k, 0.0)
-            total_after[k] = total_after.get(k, 0.0) + after.get(k, 0.0)
-    return _phase_split(total_before, total_after)
 
 
 def server_info(address: str, credentials: ClientCredentials | None = None) -> dict[str, Any]:
@@ -376,7 +300,7 @@ def bench_serve(
         url = f"http://{address.rsplit(':', 1)[0]}:9400/metrics"
     elif url in ("none", ""):
         url = None
-    if url and _scrape(url) is None:
+    if url and scrape(url) is None:
         progress(f"no router metrics at {url}: no time split")
         url = None
     runner = _Runner(client, options, encode)
@@ -398,13 +322,13 @@ def bench_serve(
         for mode in options.modes:
             name = f"closed c={x}" if kind == "closed" else f"poisson {x}/s"
             progress(f"{name}, mode {mode}: {n} requests")
-            before = _scrape(url)
+            before = scrape(url)
             if kind == "closed":
                 records, wall = _closed_loop(runner, prompts, n, int(x), mode)
             else:
                 records, wall = _poisson(runner, prompts, n, float(x), mode, options.seed)
             summary = summarize(records, wall)
-            split = _phase_split(before, _scrape(url))
+            split = phase_split(before, scrape(url))
             if split is not None:
                 summary["split"] = split
             results.append(
@@ -412,7 +336,7 @@ def bench_serve(
             )
     client.close()
     for r in results:
-        _add_cost(r["summary"])
+        add_cost(r["summary"])
     _add_ratios(results, options.modes)
     _add_engine_ratios(results)
     return {"server": info, "options": asdict(options), "results": results}

@@ -22,6 +22,7 @@ from specdec.core.request_state import KPolicy
 from specdec.rpc import generate_pb2
 from specdec.rpc.client import SpecdecClient, build_request
 from specdec.rpc.client_errors import from_rpc_error
+from tests.integration.mixed_requests import mixed_requests
 from tests.integration.service_fixture import MAX_LEN, SLOTS, running_service
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,69 +114,8 @@ def test_greedy_equals_engine_and_transformers(service, engine, tiny_paths):
 
 
 def _mixed_requests(engine) -> list[tuple[dict, SamplingParams | None]]:
-    """16 requests: greedy in every speculation mode and k, seeded (invariant) sampling, stops,
-    and unseeded sampling (checked for shape only)."""
     base = [encode(engine, p) for p in PROMPTS]
-    greedy_ref = ref(engine, base[0], SamplingParams(max_tokens=40, ignore_eos=True))
-    text = greedy_ref.text
-    stop_str = text[len(text) // 3 : len(text) // 3 + 2]
-    assert len(stop_str) == 2
-    stop_tok = greedy_ref.token_ids[12]
-    reqs: list[tuple[dict, SamplingParams | None]] = []
-    for i, mode in enumerate(["auto", "draft", "ngram", "off", "draft", "auto"]):
-        reqs.append(
-            (
-                dict(prompt_token_ids=base[i], max_tokens=30 + i, ignore_eos=True, mode=mode, k=[0, 2, 3, 0, 5, 1][i]),
-                SamplingParams(max_tokens=30 + i, ignore_eos=True),
-            )
-        )
-    for i, seed in enumerate([1, 7, 42, 2**63 + 5]):
-        kw = dict(temperature=0.8, top_p=0.9, top_k=[0, 20, 0, 50][i], seed=seed)
-        reqs.append(
-            (
-                dict(
-                    prompt_token_ids=base[i + 1],
-                    max_tokens=25,
-                    ignore_eos=True,
-                    mode=["draft", "ngram", "auto", "off"][i],
-                    **kw,
-                ),
-                SamplingParams(max_tokens=25, ignore_eos=True, **kw),
-            )
-        )
-    reqs.append(
-        (
-            dict(prompt_token_ids=base[0], max_tokens=40, ignore_eos=True, stop=[stop_str]),
-            SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop_str,)),
-        )
-    )
-    reqs.append(
-        (
-            dict(prompt_token_ids=base[0], max_tokens=40, ignore_eos=True, stop_token_ids=[stop_tok]),
-            SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(stop_tok,)),
-        )
-    )
-    reqs.append(
-        (
-            dict(prompt_token_ids=base[2], max_tokens=40, mode="draft"),  # EOS may stop it
-            SamplingParams(max_tokens=40),
-        )
-    )
-    for i in range(3):  # unseeded sampling (rejection): the target's distribution, not comparable
-        reqs.append(
-            (
-                dict(
-                    prompt_token_ids=base[3 + i],
-                    max_tokens=20,
-                    temperature=1.0,
-                    ignore_eos=True,
-                    mode=["draft", "ngram", "auto"][i],
-                ),
-                None,
-            )
-        )
-    assert len(reqs) == 16
-    return reqs
+    return mixed_requests(base, ref(engine, base[0], SamplingParams(max_tokens=40, ignore_eos=True)))
 
 
 def test_16_concurrent_streams_with_mixed_parameters(service, engine):

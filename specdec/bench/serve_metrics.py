@@ -1,0 +1,83 @@
+"""Where a `specdec bench serve` scenario's round time went, from the router's ``/metrics``
+scraped before and after it: draft wait, verify, RPC and router time per round, draft tokens per
+round, pre-draft hits, and c (draft time per token / verify time) with the sequential bound."""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+__all__ = ["scrape", "phase_split", "sum_splits", "add_cost"]
+
+
+def scrape(url: str | None) -> dict[str, float] | None:
+    if not url:
+        return None
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+    except Exception:  # noqa: BLE001 - the split is optional
+        return None
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("specdec_round_phase_seconds_") and s.name.endswith(("_sum", "_count")):
+                out[f"{s.name.rsplit('_', 1)[1]}:{s.labels.get('phase')}"] = s.value
+            elif s.name in (
+                "specdec_rounds_total",
+                "specdec_drafted_tokens_total",
+                "specdec_accepted_tokens_total",
+                "specdec_predraft_total",
+                "specdec_fail_open_rounds_total",
+            ):
+                key = s.name + ("".join(f":{v}" for v in s.labels.values()))
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | None:
+    if before is None or after is None:
+        return None
+
+    def d(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    rounds = d("count:round")
+    if rounds <= 0:
+        return None
+    split = {"rounds": int(rounds)}
+    for phase in ("draft_wait", "verify", "rpc", "router", "round"):
+        if f"sum:{phase}" in after:
+            split[f"{phase}_ms_per_round"] = round(1000.0 * d(f"sum:{phase}") / rounds, 3)
+    split["drafted_per_round"] = round(d("specdec_drafted_tokens_total") / rounds, 3)
+    hits, misses = d("specdec_predraft_total:hit"), d("specdec_predraft_total:miss")
+    if hits + misses > 0:
+        split["predraft_hit_rate"] = round(hits / (hits + misses), 3)
+    return split
+
+
+def add_cost(summary: dict[str, Any]) -> None:
+    """c = draft wait per draft step / verify time per round (DESIGN.md's c as the pipeline sees
+    it; drafting of a batch runs in steps, one per draft position) and the sequential bound
+    tau / (k c + 1), with k the mean draft length per request-round."""
+    split = summary.get("split")
+    k = summary.get("k_mean")
+    if not split or not k or not split.get("verify_ms_per_round"):
+        return
+    split["c"] = round((split["draft_wait_ms_per_round"] / k) / split["verify_ms_per_round"], 3)
+    if summary.get("tau"):
+        summary["bound_sequential"] = round(summary["tau"] / (k * split["c"] + 1.0), 3)
+
+
+def sum_splits(pairs: list[tuple[dict | None, dict | None]]) -> dict | None:
+    total_before: dict[str, float] = {}
+    total_after: dict[str, float] = {}
+    for before, after in pairs:
+        if before is None or after is None:
+            return None
+        for k in set(before) | set(after):
+            total_before[k] = total_before.get(k, 0.0) + before.get(k, 0.0)
+            total_after[k] = total_after.get(k, 0.0) + after.get(k, 0.0)
+    return phase_split(total_before, total_after)
