@@ -217,6 +217,19 @@ class DrafterPool:
         d.measured_at = now
         self.metrics.drafter_step.labels(name).set(d.step_s)
 
+    def measurements(self, now: float) -> dict[str, tuple]:
+        """Each drafter's measured wait line as (step_s, fixed_s, age_s, fit, calls): what the pool
+        knows of its drafters beyond any request (the capacity simulator carries it from one run to
+        the next, as one router serves a benchmark's scenarios one after the other)."""
+        return {n: (d.step_s, d.fixed_s, now - d.measured_at, d.waits, d.calls) for n, d in self._d.items()}
+
+    def restore(self, measured: dict[str, tuple], now: float) -> None:
+        """Take over :meth:`measurements` of the same drafters, taken ``age_s`` before ``now``."""
+        for name, (step_s, fixed_s, age_s, fit, calls) in measured.items():
+            d = self._d.get(name)
+            if d is not None:
+                d.step_s, d.fixed_s, d.measured_at, d.waits, d.calls = step_s, fixed_s, now - age_s, fit, calls
+
     def set_late(self, name: str, task: asyncio.Task) -> None:
         d = self._d.get(name)
         if d is not None:

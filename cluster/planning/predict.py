@@ -78,8 +78,11 @@ def predict_bench(
     seed: int = 0,
     colocated: bool = True,
 ) -> dict[str, Any]:
-    """What `specdec bench serve` would report: {"results": [{scenario, kind, x, mode, summary, sim}]}."""
+    """What `specdec bench serve` would report: {"results": [{scenario, kind, x, mode, summary, sim}]}.
+    The runs go in the bench's order through one router (its learned state carried over: the
+    verify cost line, the pooled acceptance, the drafters' measured waits), as the service's."""
     results = []
+    memory = None
     for sc in scenarios:
         for mode in modes:
             if sc.kind == "poisson":
@@ -90,7 +93,9 @@ def predict_bench(
                 raise WorkloadError(f"unknown scenario kind {sc.kind!r}")
             reqs = bench_requests(profile, requests, max_tokens, arrivals)
             dep = _deployment(profile, serve, mode, colocated)
-            res: SimResult = simulate(dep, reqs, seed=seed, closed=int(sc.x) if sc.kind == "closed" else 0)
+            closed = int(sc.x) if sc.kind == "closed" else 0
+            res: SimResult = simulate(dep, reqs, seed=seed, closed=closed, memory=memory)
+            memory = res.memory
             results.append(
                 {
                     "scenario": sc.name,

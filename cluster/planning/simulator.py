@@ -40,7 +40,7 @@ from specdec.core.prefill_plan import PrefillNeed
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Deployment", "SimResult", "simulate"]
+__all__ = ["RouterMemory", "Deployment", "SimResult", "simulate"]
 
 PARK = None  # what a lane yields to wait for its scheduler's wake-up
 
@@ -63,6 +63,19 @@ class Deployment:
 
 
 @dataclass
+class RouterMemory:
+    """What the router has learned that outlives a run's requests: per target group its verify
+    cost meter, pooled acceptance and draft-wait share, and per drafter its measured wait line
+    (with its age). A service serves a benchmark's scenarios one after the other with one router;
+    passing one run's memory to the next simulates that (ages go on from the end of the run)."""
+
+    costs: list[Any]
+    pools: list[tuple[float, float]]
+    wait_shares: list[float]
+    drafters: dict[str, tuple]
+
+
+@dataclass
 class SimResult:
     summary: dict[str, Any]  # the same fields as `specdec bench serve`'s summary of a scenario
     records: list[dict[str, Any]]
@@ -75,10 +88,19 @@ class SimResult:
     predraft_hit_rate: float | None
     peak_running: int  # the most requests one target ran at once (below max_batch: the cap never bound)
     rebalance_actions: dict[str, float]  # what the router's rebalancer did (its counters)
+    memory: RouterMemory | None = None  # the router's state at the end (for the next run)
 
 
 class _Sim:
-    def __init__(self, dep: Deployment, requests: list[SimRequestSpec], seed: int, time_limit: float, closed: int):
+    def __init__(
+        self,
+        dep: Deployment,
+        requests: list[SimRequestSpec],
+        seed: int,
+        time_limit: float,
+        closed: int,
+        memory: RouterMemory | None = None,
+    ):
         self.dep, self.P, self.costs = dep, dep.policy, dep.costs
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -111,7 +133,12 @@ class _Sim:
                 drafting=SimpleNamespace(pool=self.pool),
             )
             g.balance = P.new_balance(g, clock)
+            if memory is not None and i < len(memory.costs):
+                g.cost = memory.costs[i]
+                g.balance.pool, g.balance.wait_share = memory.pools[i], memory.wait_shares[i]
             self.groups.append(g)
+        if memory is not None and self.pool is not None:
+            self.pool.restore(memory.drafters, self.now)
         self.requests = requests
         self.closed = closed
         self._next = 0  # closed loop: the next request a client sends
@@ -372,6 +399,12 @@ class _Sim:
             predraft_hit_rate=round(hits / (hits + misses), 3) if hits + misses else None,
             peak_running=max(g.peak_running for g in self.groups),
             rebalance_actions=_counters(self.P.metrics.rebalance_actions),
+            memory=RouterMemory(
+                costs=[g.cost for g in self.groups],
+                pools=[g.balance.pool for g in self.groups],
+                wait_shares=[g.balance.wait_share for g in self.groups],
+                drafters=self.pool.measurements(self.now) if self.pool is not None else {},
+            ),
         )
 
 
@@ -391,17 +424,19 @@ def simulate(
     seed: int = 0,
     time_limit: float | None = None,
     closed: int = 0,
+    memory: RouterMemory | None = None,
 ) -> SimResult:
     """Run the requests through the deployment: at their arrival times, or with ``closed`` > 0 as
     that many clients that each send the next request when their last one ends (arrival times
     ignored). ``time_limit`` (simulated s; default: the last arrival plus ten minutes) ends a run
-    that cannot keep up: its unfinished requests count as errors."""
+    that cannot keep up: its unfinished requests count as errors. ``memory``: the router's state
+    after an earlier run (SimResult.memory; None = a fresh router)."""
     if not requests:
         raise WorkloadError("no requests to simulate")
     if dep.groups < 1 or dep.drafts < 0:
         raise WorkloadError("a deployment needs at least one target group")
     if time_limit is None:
         time_limit = 600.0 + (60.0 * len(requests) if closed else max(r.t for r in requests))
-    sim = _Sim(dep, requests if closed else sorted(requests, key=lambda r: r.t), seed, time_limit, closed)
+    sim = _Sim(dep, requests if closed else sorted(requests, key=lambda r: r.t), seed, time_limit, closed, memory)
     sim.run()
     return sim.result()

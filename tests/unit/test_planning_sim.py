@@ -250,3 +250,18 @@ def test_requests_arriving_where_speculation_loses_start_off_and_skip_the_draft_
     assert lazy.rebalance_actions.get("spec_off", 0) > 0
     # the 8 requests that start off (measured: draft busy 18 % of the wall vs 31 %)
     assert lazy.utilization["draft"] < 0.7 * eager.utilization["draft"]
+
+
+def test_the_router_memory_carries_over_from_one_run_to_the_next():
+    """A service serves a benchmark's runs one after the other: what its router learned in one
+    (the verify line, the pooled acceptance, the drafter's wait) decides the next run's first
+    rounds. After a run where speculation lost, a burst of new requests starts off at once and
+    drafts nothing; a fresh router has to draft first to learn that."""
+    steep = make_profile()
+    steep.target_forward = Grid([1, 64], [1, 16], [[100.0, 1600.0], [100.0, 1600.0]])
+    first = simulate(deployment(steep), requests(8, 0.05, output=64, rate=2.0))
+    assert first.memory is not None and first.memory.drafters["draft-0"][0] is not None
+    warm = simulate(deployment(steep), requests(8, 0.05, output=32), memory=first.memory)
+    cold = simulate(deployment(steep), requests(8, 0.05, output=32))
+    assert warm.summary["drafted"] == 0 < cold.summary["drafted"]
+    assert warm.rebalance_actions.get("spec_off", 0) == 8
