@@ -90,6 +90,22 @@ class DraftSource:
         assert self.pool is not None
         return await self.pool.propose(name, seqs, started, measure)
 
+    def _catch_up(self, job: Job, name: str) -> bool:
+        """A request that decoded without speculating (switched off, or moved to this drafter)
+        catches its drafter up with a Prefill in the background and verifies this round without a
+        draft: a Propose carrying its tokens would hold the whole round while the drafter prefills
+        them. False (nothing to do) for a request's first round, whose Propose carries the prompt's
+        tail as before."""
+        toks = job.state.tokens
+        if not job.state.generated or len(toks) - job.draft_fed.get(name, 0) <= self.cfg.k_policy.k_max + 1:
+            return False
+        job.drafters.add(name)
+        job.draft_fed[name] = len(toks)
+        task = self.spawn(self._prefill(name, [sequence_to_proto(job.key, toks, job.params, job.mode)]))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
+        self.metrics.draft_catch_up.inc()
+        return True
+
     def _feed(self, job: Job, name: str, length: int) -> bool:
         """Record that drafter ``name`` is sent ``length`` tokens of ``job``; False when that is more
         new tokens than a round commits (a prompt's tail, or catching up after speculation was
@@ -127,6 +143,8 @@ class DraftSource:
                     self.fail_open(job, "unavailable")
                     continue
                 toks = job.state.tokens
+                if self._catch_up(job, name):
+                    continue
                 if (
                     pd is not None
                     and pd.drafter == name

@@ -167,6 +167,11 @@ class Metrics:
             registry=r,
         )
         self.predraft = Counter("specdec_predraft", "Pre-drafts used or discarded", ["result"], registry=r)
+        self.draft_catch_up = Counter(
+            "specdec_draft_catch_up",
+            "Request-rounds verified without a draft while the drafter caught up (speculation back on)",
+            registry=r,
+        )
         self.worker_up = Gauge("specdec_worker_up", "1 while a worker answers", ["role", "worker"], registry=r)
         self.worker_restarts = Counter(
             "specdec_worker_restarts", "Workers that came back on a new address", ["role"], registry=r

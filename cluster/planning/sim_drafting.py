@@ -56,6 +56,18 @@ class SimDrafting:
         j.state.stats.fail_open_rounds += 1
         g.fail_open += 1
 
+    def _catch_up(self, j: Job, name: str) -> bool:
+        """DraftSource._catch_up: a request back from decoding without speculation sends its drafter
+        a Prefill (unawaited) and verifies this round without a draft."""
+        sim = self.sim
+        new = len(j.state.tokens) - j.draft_cached
+        if not j.state.generated or new <= sim.P.cfg.k_policy.k_max + 1:
+            return False
+        j.drafters.add(name)
+        self.drafters[name].worker.reserve(sim.now, sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(new))
+        j.draft_cached = len(j.state.tokens)
+        return True
+
     def _propose(self, name: str, jobs: list[Job], k: int) -> float:
         """Send one Propose for ``jobs`` to ``name`` now: the pool measures it; returns its end time."""
         sim = self.sim
@@ -93,6 +105,8 @@ class SimDrafting:
                 name = self.assign(g, j)
                 if name is None:
                     self._fail_open(g, j)
+                elif self._catch_up(j, name):
+                    continue
                 elif pd is not None and pd.drafter == name and j.last_all_accepted:
                     pending.append((i, pd))
                 else:

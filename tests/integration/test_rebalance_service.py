@@ -284,3 +284,83 @@ def test_a_dead_drafter_drops_out_and_comes_back(cluster, engine, wait_for_resta
     reqs, expected = _requests(engine, 6, 24)
     _check_outputs(_run_concurrently(cluster.client, reqs), expected)
     assert cluster.drafted()[name] > before, cluster.router.router.pool.views()
+
+
+def _router(cluster, tiny_paths, **rebalance):
+    """A second router over the module's workers, with its own rebalancer settings."""
+    from router.config import RouterConfig
+    from router.server import RouterThread, TargetBinding
+    from router.workers import ActorEndpoint
+
+    config = RouterConfig(
+        port=0,
+        metrics_port=0,
+        k_policy=KPolicy(k=3, adaptive=True, k_min=1, k_max=6),
+        micro_batches=1,
+        draft_deadline_s=5.0,
+        draft_deadline_factor=0,
+        rebalance={"period_s": PERIOD, **rebalance},
+    )
+    bindings = [
+        TargetBinding(
+            "tiny-llama",
+            ActorEndpoint(t, f"target-{i}"),
+            ActorEndpoint(d, f"draft-{i}"),
+            "tiny-llama-draft",
+            tokenizer=str(tiny_paths["llama"]),
+        )
+        for i, (t, d) in enumerate(zip(cluster.targets, cluster.drafts))
+    ]
+    return RouterThread(bindings, config).start(connect_timeout=300)
+
+
+def test_speculation_switched_off_by_slow_drafts_comes_back_on_after_a_catch_up(cluster, engine, tiny_paths):
+    """Both drafters slowed until drafting cannot pay: the goodput rule switches the AUTO requests
+    off (and later ones start off). Drafters fast again: the old price ages into a guess, one
+    request probes, the drafters are measured fast, and requests speculate again, each first
+    catching its drafter up with a Prefill in the background (specdec_draft_catch_up_total)
+    instead of holding a round. Outputs equal the engine's throughout."""
+    import ray
+
+    router = _router(cluster, tiny_paths, stale_s=1.0, spec_cooldown_s=0.5)
+    client = SpecdecClient(router.address)
+
+    def metric(name: str, labels: dict | None = None) -> float:
+        return router.metrics.sample(name, labels) or 0.0
+
+    def action(name: str) -> float:
+        return metric("specdec_rebalance_actions_total", {"action": name})
+
+    workers = cluster.targets + cluster.drafts
+    try:
+        ray.get([t.set_bench_step_delay.remote(0.02) for t in cluster.targets], timeout=30)  # a 20 ms verify
+        ray.get([d.set_bench_step_delay.remote(0.1) for d in cluster.drafts], timeout=30)  # 100 ms per draft step
+        t_end = time.monotonic() + 120
+        slowed, batches = True, 0
+        while metric("specdec_draft_catch_up_total") == 0 or action("spec_on") == 0:
+            seen = (action("spec_off"), action("spec_on"), metric("specdec_draft_catch_up_total"))
+            assert time.monotonic() < t_end, f"off, on, catch-ups: {seen}"
+            reqs, expected = _requests(engine, 4, 420)
+            for r in reqs:
+                r["mode"] = "auto"
+            result: dict = {}
+            runner = threading.Thread(target=lambda res=result, rs=reqs: res.update(outs=_run_concurrently(client, rs)))
+            runner.start()
+            while slowed and runner.is_alive() and action("spec_off") == 0:
+                time.sleep(0.05)
+            if slowed and action("spec_off") > 0:
+                ray.get([d.set_bench_step_delay.remote(0.0) for d in cluster.drafts], timeout=30)
+                slowed = False
+            runner.join(300)
+            _check_outputs(result["outs"], expected)
+            batches += 1
+        print(
+            f"off {action('spec_off'):.0f}, on {action('spec_on'):.0f}, catch-ups "
+            f"{metric('specdec_draft_catch_up_total'):.0f} over {batches} batch(es)"
+        )
+        assert not slowed
+    finally:
+        ray.get([w.set_bench_step_delay.remote(0.0) for w in workers], timeout=30)
+        client.close()
+        router.stop(grace=0)
+    cluster.wait_slots_free()
