@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from specdec.rpc.convert import (
     params_to_proto,
     sequence_to_proto,
 )
+from specdec.rpc.telemetry import COMPUTE_METADATA_KEY
 from specdec.rpc.worker_secret import current_secret, worker_channel
 from tests.grpc_helpers import run_grpcurl
 
@@ -283,8 +285,15 @@ def test_concurrent_requests(workers, reference):
 def test_verify_with_empty_draft(workers, reference):
     prompt = reference["prompt"]
     seq = sequence_to_proto("k0", prompt, GREEDY, VerifyMode.GREEDY)  # no Prefill: Verify builds the cache
-    (out,) = workers.target.stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seq)])).outcomes
+    t0 = time.monotonic()
+    request = worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seq)])
+    resp, call = workers.target.stub.Verify.with_call(request)
+    wall = time.monotonic() - t0
+    (out,) = resp.outcomes
     assert list(out.tokens) == reference["results"]["greedy"].token_ids[:1] and out.num_accepted == 0
+    # the worker's own compute time rides along (the router's "rpc" round phase is wall minus it)
+    compute = float(dict(call.trailing_metadata())[COMPUTE_METADATA_KEY])
+    assert 0 < compute < wall
     # Propose with k = 0 drafts nothing.
     (d,) = workers.draft.stub.Propose(worker_pb2.ProposeRequest(sequences=[seq])).drafts
     assert list(d.tokens) == [] and list(d.dists) == []
