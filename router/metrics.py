@@ -19,7 +19,8 @@ Series:
 * ``specdec_round_phase_seconds{phase}``: where a round's time goes: ``draft_wait`` (the round
   blocked on its drafts), ``verify`` (the Verify RPC, wall), ``rpc`` (gRPC and queueing part of the
   Verify call: wall minus the worker's own compute time when the worker reports it, see
-  :data:`router.workers.COMPUTE_METADATA_KEY`; absent otherwise), ``router`` (the rest: commit, stops,
+  :data:`router.workers.COMPUTE_METADATA_KEY`; absent otherwise), ``prefill`` (the round's prompt
+  chunks: the target's Prefill RPC, before the drafts), ``router`` (the rest: commit, stops,
   detokenisation), ``round`` (the whole round).
 * ``specdec_fail_open_rounds_total{reason}``: rounds verified with k = 0 because the draft was
   late (``deadline``) or its worker unavailable (``unavailable``).

@@ -315,6 +315,7 @@ class TargetScheduler:
             self.balance.start(self.running, [self._want_k(j) for j in self.running])
         decoding = [j for j in batch if not j.state.prefilling]
         ks = [self._want_k(j) for j in decoding]
+        tp = time.monotonic()
         try:
             cached = await self._prefill(batch, sum(k + 1 for k in ks))
         except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:
@@ -323,6 +324,7 @@ class TargetScheduler:
                     outcome = "unavailable" if isinstance(exc, WorkerUnavailable) else "error"
                     self._fail(job, exc if isinstance(exc, WorkerUnavailable) else _rpc_error(exc), outcome=outcome)
             cached = []
+        t_prefill = time.monotonic() - tp
         batch = decoding + cached
         ks += [self._want_k(j) for j in cached]
         if not batch:
@@ -364,7 +366,8 @@ class TargetScheduler:
         m.phase.labels("verify").observe(t2 - t1)
         if compute is not None:
             m.phase.labels("rpc").observe(max(0.0, (t2 - t1) - compute))
-        m.phase.labels("router").observe((t3 - t0) - draft_wait - (t2 - t1))
+        m.phase.labels("prefill").observe(t_prefill)
+        m.phase.labels("router").observe((t3 - t0) - draft_wait - (t2 - t1) - t_prefill)
         m.phase.labels("round").observe(t3 - t0)
         self.balance.observe_round(draft_wait, t3 - t0)
 

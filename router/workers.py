@@ -24,12 +24,10 @@ from typing import Any, Protocol
 import grpc
 
 from specdec.rpc import worker_pb2, worker_pb2_grpc
+from specdec.rpc.telemetry import COMPUTE_METADATA_KEY
 from specdec.rpc.worker_secret import aio_client_interceptors
 
 log = logging.getLogger(__name__)
-
-# Trailing metadata a worker may attach to an answer: its own compute time in seconds.
-COMPUTE_METADATA_KEY = "specdec-compute-seconds"
 
 __all__ = [
     "COMPUTE_METADATA_KEY",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 
 import grpc
@@ -24,7 +25,7 @@ from specdec.core.tokenizer_spec import TokenizerSpec, export_tokenizer
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import WireSequence, draft_from_proto, outcome_to_proto, sequence_from_proto
 from specdec.rpc.errors import RpcStatusError, rpc_method
-from specdec.rpc.telemetry import WorkerMeter
+from specdec.rpc.telemetry import WorkerMeter, report_compute
 from specdec.rpc.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -123,9 +124,11 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         if not seqs:
             return worker_pb2.PrefillResponse()
         with self.lock, self.meter.compute():
+            t0 = time.perf_counter()
             self._check_capacity([s.request_id for s in seqs])
             self.verifier.prefill([(s.request_id, s.tokens, s.params) for s in seqs])
             cached = [self.runner.lengths[self.verifier.slots[s.request_id]] for s in seqs]
+            report_compute(context, time.perf_counter() - t0)
         return worker_pb2.PrefillResponse(
             outcomes=[worker_pb2.PrefillOutcome(request_id=s.request_id, cached_tokens=n) for s, n in zip(seqs, cached)]
         )
@@ -152,8 +155,10 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         if not items:
             return worker_pb2.VerifyResponse()
         with self.lock, self.meter.compute():
+            t0 = time.perf_counter()
             self._check_capacity([i.request_id for i in items])
             results = self.verifier.verify(items)
+            report_compute(context, time.perf_counter() - t0)
         return worker_pb2.VerifyResponse(outcomes=[outcome_to_proto(i.request_id, r) for i, r in zip(items, results)])
 
     @rpc_method

@@ -121,12 +121,16 @@ class DrafterStats:
 
 @dataclass
 class Overhead:
-    """Per round, outside the workers' compute: the router, and the RPCs' own time."""
+    """Per round, outside the workers' compute: the router, and the RPCs' own time. ``verify_scale``:
+    the target worker's Verify compute in the service over the profile's forward at the same batch
+    and tokens per row (the forward grid, timed alone in the profiling process, misses what the
+    service's other processes cost it: bench/NOTES.md)."""
 
     router_ms: float = 1.0
     router_ms_per_row: float = 0.0
     verify_rpc_ms: float = 1.0
     draft_rpc_ms: float = 1.0
+    verify_scale: float = 1.0
     source: str = "default (not measured)"
 
 

@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -377,29 +378,45 @@ def take_profile(
     )
 
 
+def _prompt_prefill_ms(profile: Profile | None) -> float:
+    """The profile's prefill of its mean prompt (ms), 0 without a profile."""
+    if profile is None or not profile.drafters:
+        return 0.0
+    reqs = next(iter(profile.drafters.values())).requests
+    return sum(profile.target_prefill.at(r.prompt_tokens - 1) for r in reqs) / len(reqs) if reqs else 0.0
+
+
 def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhead:
-    """Router and RPC time per round from a `specdec bench serve` result (its scenarios' round split,
-    scraped from the router's /metrics). The router's phase there holds the rounds' prefills: the
-    prefill the profile predicts for the scenario's requests is taken out, and the router's cost per
-    row is fitted across scenarios of different mean batch (request-rounds per round). The draft
-    RPC is the draft wait less the Propose the profile predicts for the mean batch and k."""
-    prefill_ms = 0.0
-    if profile is not None and profile.drafters:
-        reqs = next(iter(profile.drafters.values())).requests
-        if reqs:
-            prefill_ms = sum(profile.target_prefill.at(r.prompt_tokens - 1) for r in reqs) / len(reqs)
+    """Router and RPC time per round, and the scale of the target's Verify, from a `specdec bench
+    serve` result (its scenarios' round split, scraped from the router's /metrics).
+
+    The router's cost per row is fitted across scenarios of different mean batch (request-rounds
+    per round); results from before the ``prefill`` phase held the rounds' prefills in the router
+    phase, so there the prefill the profile predicts is taken out. The Verify RPC is the verify
+    wall less the worker's own compute (the ``rpc`` phase). ``verify_scale`` is the median over
+    scenarios of that compute over the profile's forward at the scenario's mean batch and tokens per
+    row (k + 1); where the worker reported no compute time, the RPC is folded into the scale. The
+    draft RPC is the draft wait less the Propose the profile predicts for the mean batch and k."""
+    prefill_ms = _prompt_prefill_ms(profile)
     points = []
-    rpc, drpc = [], []
+    rpc, drpc, scales = [], [], []
     for r in result.get("results", []):
         s, split = r.get("summary", {}), r.get("summary", {}).get("split")
         if not split or r.get("mode") == "engine" or not split.get("rounds"):
             continue
         batch = (s.get("rounds") or split["rounds"]) / split["rounds"]
-        prefill = prefill_ms * s.get("requests", 0) / split["rounds"]
-        points.append((batch, max(0.0, split.get("router_ms_per_round", 0.0) - prefill)))
-        if split.get("rpc_ms_per_round") is not None:
-            rpc.append(split["rpc_ms_per_round"])
+        router = split.get("router_ms_per_round", 0.0)
+        if "prefill_ms_per_round" not in split:
+            router -= prefill_ms * s.get("requests", 0) / split["rounds"]
+        points.append((batch, max(0.0, router)))
+        rpc_ms = split.get("rpc_ms_per_round")
+        if rpc_ms is not None:
+            rpc.append(rpc_ms)
         k = split.get("drafted_per_round", 0.0) / max(batch, 1.0)
+        if profile is not None and split.get("verify_ms_per_round"):
+            predicted = profile.target_forward.at(batch, k + 1)
+            if predicted > 0:
+                scales.append((split["verify_ms_per_round"] - (rpc_ms or 0.0)) / predicted)
         if k > 0 and split.get("draft_wait_ms_per_round"):
             grid = profile.draft_propose if profile is not None else None
             predicted = grid.at(batch, k) if grid is not None else 0.0
@@ -410,10 +427,15 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     fixed, per_row = line if line is not None and line[0] >= 0 and line[1] >= 0 else (0.0, 0.0)
     if per_row == 0.0:
         fixed = sum(t for _, t in points) / len(points)
+    if rpc:
+        verify_rpc = sum(rpc) / len(rpc)
+    else:  # unmeasured: in the scale when there is one
+        verify_rpc = 0.0 if scales else Overhead.verify_rpc_ms
     return Overhead(
         router_ms=round(fixed, 3),
         router_ms_per_row=round(per_row, 4),
-        verify_rpc_ms=round(sum(rpc) / len(rpc), 3) if rpc else Overhead.verify_rpc_ms,
+        verify_rpc_ms=round(verify_rpc, 3),
         draft_rpc_ms=round(min(drpc), 3) if drpc else Overhead.draft_rpc_ms,
+        verify_scale=round(statistics.median(scales), 3) if scales else 1.0,
         source=f"bench serve result ({len(points)} scenarios)",
     )

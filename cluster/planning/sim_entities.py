@@ -118,7 +118,9 @@ class Group:
     verify_ema: float | None = None
     rounds: int = 0
     batch_rows: int = 0
-    split: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("draft_wait", "verify", "router"), 0.0))
+    split: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("draft_wait", "verify", "prefill", "router"), 0.0)
+    )
     drafted: int = 0
     accepted: int = 0
     fail_open: int = 0

@@ -260,7 +260,9 @@ class _Sim:
             g.balance.start(g.running, [self._want_k(g, j) for j in g.running])
         decoding = [j for j in batch if not j.state.prefilling]
         ks = [self._want_k(g, j) for j in decoding]
+        tp = self.now
         cached = yield from self._prefill(g, batch, sum(k + 1 for k in ks))
+        prefill = self.now - tp
         batch = decoding + cached
         ks += [self._want_k(g, j) for j in cached]
         if not batch:
@@ -286,7 +288,8 @@ class _Sim:
         g.batch_rows += len(batch)
         g.split["draft_wait"] += draft_wait
         g.split["verify"] += dt
-        g.split["router"] += (end - t_round) - draft_wait - dt  # as the router's metric: prefill included
+        g.split["prefill"] += prefill
+        g.split["router"] += (end - t_round) - draft_wait - dt - prefill
         for j, d in zip(batch, drafted):
             self._commit(g, j, d)
         g.balance.observe_round(draft_wait, end - t_round)
@@ -375,7 +378,7 @@ class _Sim:
         rounds = sum(g.rounds for g in self.groups)
         split = {
             f"{k}_ms_per_round": round(1e3 * sum(g.split[k] for g in self.groups) / rounds, 3) if rounds else 0.0
-            for k in ("draft_wait", "verify", "router")
+            for k in ("draft_wait", "verify", "prefill", "router")
         }
         split["rounds"] = rounds
         hits = sum(g.predraft_hits for g in self.groups)

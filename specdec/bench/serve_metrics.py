@@ -48,7 +48,7 @@ def phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | Non
     if rounds <= 0:
         return None
     split = {"rounds": int(rounds)}
-    for phase in ("draft_wait", "verify", "rpc", "router", "round"):
+    for phase in ("draft_wait", "verify", "rpc", "prefill", "router", "round"):
         if f"sum:{phase}" in after:
             split[f"{phase}_ms_per_round"] = round(1000.0 * d(f"sum:{phase}") / rounds, 3)
     split["drafted_per_round"] = round(d("specdec_drafted_tokens_total") / rounds, 3)

@@ -118,7 +118,7 @@ def _profile_summary(p) -> str:
     o = p.overhead
     lines.append(
         f"overhead per round: router {o.router_ms:.2f} ms + {o.router_ms_per_row:.3f} ms/row, verify RPC "
-        f"{o.verify_rpc_ms:.2f} ms, draft RPC {o.draft_rpc_ms:.2f} ms ({o.source})"
+        f"{o.verify_rpc_ms:.2f} ms, draft RPC {o.draft_rpc_ms:.2f} ms, verify x {o.verify_scale:.2f} ({o.source})"
     )
     return "\n".join(lines)
 
@@ -273,7 +273,7 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--drafters", default="draft,ngram", help="acceptance runs: draft (the --draft model), ngram")
     p.add_argument("--config", default=None, help="serve config whose router k policy the acceptance run uses")
-    p.add_argument("--serve-json", default=None, help="a `specdec bench serve --json` result: router and RPC overhead")
+    p.add_argument("--serve-json", default=None, help="a `specdec bench serve --json` result: overheads, verify scale")
     p.add_argument("-o", "--output", default="profile.json")
     p.set_defaults(func=_profile)
 

@@ -30,7 +30,27 @@ from specdec.rpc import worker_pb2
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TelemetryConfig", "DeviceSample", "WorkerMeter", "TelemetrySampler", "sample_to_proto", "sample_from_proto"]
+__all__ = [
+    "COMPUTE_METADATA_KEY",
+    "report_compute",
+    "TelemetryConfig",
+    "DeviceSample",
+    "WorkerMeter",
+    "TelemetrySampler",
+    "sample_to_proto",
+    "sample_from_proto",
+]
+
+# Trailing metadata a worker attaches to an answer: its own compute time in seconds (the router
+# splits a call's wall time into compute and RPC with it: the "rpc" round phase).
+COMPUTE_METADATA_KEY = "specdec-compute-seconds"
+
+
+def report_compute(context, seconds: float) -> None:
+    """Attach ``seconds`` of compute to the answer of the call ``context`` serves."""
+    if context is not None:
+        context.set_trailing_metadata(((COMPUTE_METADATA_KEY, f"{seconds:.6f}"),))
+
 
 # Fields of DeviceSample that are optional measurements (None = not measured / not offered).
 MEASURED = (

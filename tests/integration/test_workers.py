@@ -9,6 +9,7 @@ single-process SpecEngine token for token (greedy, seeded invariant and seeded r
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from specdec.rpc.auth import INTERNAL_HEADER
 from specdec.rpc.convert import (
     sequence_to_proto,
 )
+from specdec.rpc.telemetry import COMPUTE_METADATA_KEY
 from specdec.rpc.worker_secret import current_secret, worker_channel
 from tests.grpc_helpers import run_grpcurl
 
@@ -230,8 +232,15 @@ def test_concurrent_requests(workers, reference):
 def test_verify_with_empty_draft(workers, reference):
     prompt = reference["prompt"]
     seq = sequence_to_proto("k0", prompt, GREEDY, VerifyMode.GREEDY)  # no Prefill: Verify builds the cache
-    (out,) = workers.target.stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seq)])).outcomes
+    t0 = time.monotonic()
+    request = worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seq)])
+    resp, call = workers.target.stub.Verify.with_call(request)
+    wall = time.monotonic() - t0
+    (out,) = resp.outcomes
     assert list(out.tokens) == reference["results"]["greedy"].token_ids[:1] and out.num_accepted == 0
+    # the worker's own compute time rides along (the router's "rpc" round phase is wall minus it)
+    compute = float(dict(call.trailing_metadata())[COMPUTE_METADATA_KEY])
+    assert 0 < compute < wall
     # Propose with k = 0 drafts nothing.
     (d,) = workers.draft.stub.Propose(worker_pb2.ProposeRequest(sequences=[seq])).drafts
     assert list(d.tokens) == [] and list(d.dists) == []

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from cluster.planning.profile import Profile
+from cluster.planning.costs import ProfileCosts
+from cluster.planning.profile import Curve, DrafterStats, Grid, Profile, RequestRounds
 from cluster.planning.profiler import ProfileOptions, overhead_from_bench, take_profile
 from specdec.cli.main import main
 
@@ -79,6 +80,50 @@ def test_overhead_from_a_bench_serve_result(tiny_profile):
     assert p.router_ms + p.router_ms_per_row < o.router_ms + o.router_ms_per_row and p.draft_rpc_ms < 50.0
     with pytest.raises(ValueError, match="round split"):
         overhead_from_bench({"results": [{"mode": "auto", "summary": {}}]})
+
+
+def _grid_profile() -> Profile:
+    """A profile with known numbers: forwards of 100-300 ms, a prefill of ~500 ms per prompt."""
+    requests = [RequestRounds("a", 161, 24, "length")]
+    return Profile(
+        machine={},
+        device="cpu",
+        target={},
+        target_forward=Grid([1, 4], [1, 5], [[100.0, 150.0], [200.0, 300.0]], context=168),
+        target_prefill=Curve([16, 256], [50.0, 800.0]),
+        drafters={"ngram": DrafterStats("ngram", requests)},
+    )
+
+
+def _serve_scenario(grid: Grid, batch: int, k: int, scale: float, rpc: float | None, prefill: bool) -> dict:
+    """A bench serve scenario whose worker computed ``scale`` x the grid's forward per round, with
+    ``rpc`` ms of RPC on top (None: the worker reported no compute, so no rpc phase)."""
+    split = {"rounds": 50, "verify_ms_per_round": scale * grid.at(batch, k + 1) + (rpc or 0.0),
+             "router_ms_per_round": 0.5 + 0.1 * batch, "drafted_per_round": float(k * batch),
+             "draft_wait_ms_per_round": 20.0 if k else 0.0}  # fmt: skip
+    if rpc is not None:
+        split["rpc_ms_per_round"] = rpc
+    if prefill:
+        split["prefill_ms_per_round"] = 400.0
+    return {"mode": "auto" if k else "off", "summary": {"requests": 8, "rounds": 50 * batch, "split": split}}
+
+
+def test_verify_scale_and_rpc_come_from_the_workers_compute_in_the_service():
+    profile = _grid_profile()
+    g = profile.target_forward
+    cases = [(1, 0, 1.5), (4, 0, 1.5), (1, 4, 1.5), (4, 4, 1.3)]
+    bench = {"results": [_serve_scenario(g, b, k, s, rpc=3.0, prefill=True) for b, k, s in cases]}
+    o = overhead_from_bench(bench, profile)
+    # the median scale; the rpc phase as measured; the router phase (prefills apart) fitted by batch
+    assert o.verify_scale == pytest.approx(1.5) and o.verify_rpc_ms == pytest.approx(3.0)
+    assert o.router_ms == pytest.approx(0.5) and o.router_ms_per_row == pytest.approx(0.1)
+    profile.overhead = o
+    assert ProfileCosts(profile, "ngram").verify_s(4, 5, 168) == pytest.approx(0.45)  # 1.5 x 300 ms
+    # older results: no rpc phase (the RPC goes into the scale), prefills inside the router phase
+    old = {"results": [_serve_scenario(g, b, k, 1.5, rpc=None, prefill=False) for b, k, _ in cases]}
+    o = overhead_from_bench(old, profile)
+    assert o.verify_rpc_ms == 0.0 and o.verify_scale == pytest.approx(1.5) and o.router_ms == 0.0
+    assert overhead_from_bench(bench).verify_scale == 1.0  # no profile, no grid to scale
 
 
 def test_simulate_command_predicts_and_compares(tiny_profile, tmp_path, capsys):
