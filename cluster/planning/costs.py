@@ -63,13 +63,13 @@ class ProfileCosts(Costs):
         self.verify_rpc_s = o.verify_rpc_ms / 1e3
         self.draft_rpc_s = o.draft_rpc_ms / 1e3 if self.draft_is_model else 0.0
         self._router = (o.router_ms / 1e3, o.router_ms_per_row / 1e3)
-        self._verify_scale = o.verify_scale
+        self._overhead = o
 
     def verify_s(self, batch: int, tokens_per_row: int, context: int) -> float:
-        return self.p.target_forward.at(batch, tokens_per_row) * self._verify_scale / 1e3
+        return self.p.target_forward.at(batch, tokens_per_row) * self._overhead.verify_scale_at(batch) / 1e3
 
     def prefill_s(self, rows: int, width: int, context: int = 0) -> float:
-        return self.p.target_prefill.at(rows * width) / 1e3
+        return self.p.target_prefill.at(rows * width) * self._overhead.prefill_scale / 1e3
 
     def draft_s(self, batch: int, k: int, context: int) -> float:
         if not self.draft_is_model or k <= 0:

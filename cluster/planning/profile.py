@@ -124,14 +124,30 @@ class Overhead:
     """Per round, outside the workers' compute: the router, and the RPCs' own time. ``verify_scale``:
     the target worker's Verify compute in the service over the profile's forward at the same batch
     and tokens per row (the forward grid, timed alone in the profiling process, misses what the
-    service's other processes cost it: bench/NOTES.md)."""
+    service's other processes cost it: bench/NOTES.md); ``verify_scale_by_batch``: the same as
+    [mean batch, scale] points (the grid's cells are timed at different moments, so its batch shape
+    is off too), interpolated, used when there are any. ``prefill_scale``: the service's prefill
+    time over the profile's prefill curve for the same prompts."""
 
     router_ms: float = 1.0
     router_ms_per_row: float = 0.0
     verify_rpc_ms: float = 1.0
     draft_rpc_ms: float = 1.0
     verify_scale: float = 1.0
+    verify_scale_by_batch: list[list[float]] = field(default_factory=list)
+    prefill_scale: float = 1.0
     source: str = "default (not measured)"
+
+    def verify_scale_at(self, batch: float) -> float:
+        pts = sorted(self.verify_scale_by_batch)
+        if not pts:
+            return self.verify_scale
+        if batch <= pts[0][0]:
+            return pts[0][1]
+        for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
+            if batch <= b1:
+                return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
+        return pts[-1][1]
 
 
 @dataclass

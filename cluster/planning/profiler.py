@@ -395,11 +395,14 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     phase, so there the prefill the profile predicts is taken out. The Verify RPC is the verify
     wall less the worker's own compute (the ``rpc`` phase). ``verify_scale`` is the median over
     scenarios of that compute over the profile's forward at the scenario's mean batch and tokens per
-    row (k + 1); where the worker reported no compute time, the RPC is folded into the scale. The
+    row (k + 1), and ``verify_scale_by_batch`` the median per mean batch (rounded); where the worker
+    reported no compute time, the RPC is folded into the scale. ``prefill_scale``: the prefill
+    phase's time over the profile's prefill of as many mean prompts as the scenario sent. The
     draft RPC is the draft wait less the Propose the profile predicts for the mean batch and k."""
     prefill_ms = _prompt_prefill_ms(profile)
     points = []
-    rpc, drpc, scales = [], [], []
+    rpc, drpc, scales, prefill_scales = [], [], [], []
+    by_batch: dict[int, list[float]] = {}
     for r in result.get("results", []):
         s, split = r.get("summary", {}), r.get("summary", {}).get("split")
         if not split or r.get("mode") == "engine" or not split.get("rounds"):
@@ -417,6 +420,9 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
             predicted = profile.target_forward.at(batch, k + 1)
             if predicted > 0:
                 scales.append((split["verify_ms_per_round"] - (rpc_ms or 0.0)) / predicted)
+                by_batch.setdefault(max(1, round(batch)), []).append(scales[-1])
+        if prefill_ms > 0 and split.get("prefill_ms_per_round") and s.get("requests"):
+            prefill_scales.append(split["prefill_ms_per_round"] * split["rounds"] / (prefill_ms * s["requests"]))
         if k > 0 and split.get("draft_wait_ms_per_round"):
             grid = profile.draft_propose if profile is not None else None
             predicted = grid.at(batch, k) if grid is not None else 0.0
@@ -437,5 +443,7 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
         verify_rpc_ms=round(verify_rpc, 3),
         draft_rpc_ms=round(min(drpc), 3) if drpc else Overhead.draft_rpc_ms,
         verify_scale=round(statistics.median(scales), 3) if scales else 1.0,
+        verify_scale_by_batch=[[b, round(statistics.median(v), 3)] for b, v in sorted(by_batch.items())],
+        prefill_scale=round(statistics.median(prefill_scales), 3) if prefill_scales else 1.0,
         source=f"bench serve result ({len(points)} scenarios)",
     )

@@ -117,8 +117,16 @@ def test_verify_scale_and_rpc_come_from_the_workers_compute_in_the_service():
     # the median scale; the rpc phase as measured; the router phase (prefills apart) fitted by batch
     assert o.verify_scale == pytest.approx(1.5) and o.verify_rpc_ms == pytest.approx(3.0)
     assert o.router_ms == pytest.approx(0.5) and o.router_ms_per_row == pytest.approx(0.1)
+    # per mean batch: 1.5 at batch 1, the median of 1.5 and 1.3 at batch 4; interpolated between
+    assert o.verify_scale_by_batch == [[1, 1.5], [4, 1.4]]
+    # prefill: 400 ms x 50 rounds for 8 prompts of 161 tokens, which the curve puts at 500 ms each
+    assert o.prefill_scale == pytest.approx(5.0)
     profile.overhead = o
-    assert ProfileCosts(profile, "ngram").verify_s(4, 5, 168) == pytest.approx(0.45)  # 1.5 x 300 ms
+    costs = ProfileCosts(profile, "ngram")
+    assert costs.verify_s(4, 5, 168) == pytest.approx(0.42)  # 1.4 x 300 ms
+    assert costs.verify_s(1, 1, 168) == pytest.approx(0.15)  # 1.5 x 100 ms
+    assert o.verify_scale_at(2) == pytest.approx(1.5 - 0.1 / 3) and o.verify_scale_at(16) == 1.4
+    assert costs.prefill_s(1, 160) == pytest.approx(2.5)
     # older results: no rpc phase (the RPC goes into the scale), prefills inside the router phase
     old = {"results": [_serve_scenario(g, b, k, 1.5, rpc=None, prefill=False) for b, k, _ in cases]}
     o = overhead_from_bench(old, profile)
