@@ -110,7 +110,7 @@ def _one_probe(jobs: Sequence[SpecJob], current: Sequence[bool], flags: list[boo
     highest acceptance), none while one already speculates by a guess: switching many on by a
     guess would make them all pay (a drafter catching up on their tokens) for what one Propose
     tells. The plan is judged as a whole: one request alone may not pay where all of them would."""
-    probing = any(j.guessed and not f for j, f in zip(jobs, current))
+    probing = any(j.guessed and j.k > 0 and not f for j, f in zip(jobs, current))  # k 0 measures nothing
     rising = [i for i, (j, c, f) in enumerate(zip(jobs, current, flags)) if j.guessed and c and not f]
     keep = None if probing else max(rising, key=lambda i: (jobs[i].a, -i), default=None)
     return [True if i in rising and i != keep else f for i, f in enumerate(flags)]

@@ -339,7 +339,7 @@ def test_speculation_switched_off_by_slow_drafts_comes_back_on_after_a_catch_up(
         slowed, batches = True, 0
         while metric("specdec_draft_catch_up_total") == 0 or action("spec_on") == 0:
             seen = (action("spec_off"), action("spec_on"), metric("specdec_draft_catch_up_total"))
-            assert time.monotonic() < t_end, f"off, on, catch-ups: {seen}"
+            assert time.monotonic() < t_end, f"off, on, catch-ups: {seen}; drafters {router.router.pool.views()}"
             reqs, expected = _requests(engine, 4, 420)
             for r in reqs:
                 r["mode"] = "auto"

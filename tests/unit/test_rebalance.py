@@ -340,6 +340,10 @@ def test_a_guessed_price_switches_one_request_on_at_a_time():
     assert plan_speculation(probing, cost, 100.0, CFG) == [True] * 7 + [False]
     measured = [dataclasses.replace(j, guessed=False) for j in probing]
     assert plan_speculation(measured, cost, 100.0, CFG) == [False] * 8
+    # a request on whose next round drafts nothing (k 0: its last tokens) is no probe: it would
+    # never measure the drafter, and the others would wait on it for good
+    idle = [dataclasses.replace(j, off=False, k=0) if i == 7 else j for i, j in enumerate(off)]
+    assert plan_speculation(idle, cost, 100.0, CFG) == [True] * 6 + [False, False]
 
 
 def test_explicit_modes_are_never_switched():
