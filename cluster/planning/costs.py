@@ -66,7 +66,8 @@ class ProfileCosts(Costs):
         self._overhead = o
 
     def verify_s(self, batch: int, tokens_per_row: int, context: int) -> float:
-        return self.p.target_forward.at(batch, tokens_per_row) * self._overhead.verify_scale_at(batch) / 1e3
+        scale = self._overhead.verify_scale_at(batch, tokens_per_row)
+        return self.p.target_forward.at(batch, tokens_per_row) * scale / 1e3
 
     def prefill_s(self, rows: int, width: int, context: int = 0) -> float:
         return self.p.target_prefill.at(rows * width) * self._overhead.prefill_scale / 1e3

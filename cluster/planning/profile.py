@@ -125,9 +125,11 @@ class Overhead:
     the target worker's Verify compute in the service over the profile's forward at the same batch
     and tokens per row (the forward grid, timed alone in the profiling process, misses what the
     service's other processes cost it: bench/NOTES.md); ``verify_scale_by_batch``: the same as
-    [mean batch, scale] points (the grid's cells are timed at different moments, so its batch shape
-    is off too), interpolated, used when there are any. ``prefill_scale``: the service's prefill
-    time over the profile's prefill curve for the same prompts."""
+    [mean batch, scale] points from speculative rounds (the grid's cells are timed at different
+    moments, so its batch shape is off too), interpolated, used when there are any;
+    ``verify_scale_plain_by_batch``: the same from plain-decoding rounds (one token per row, whose
+    scale differed from the speculative rounds' by 20-30 % at batch 1). ``prefill_scale``: the
+    service's prefill time over the profile's prefill curve for the same prompts."""
 
     router_ms: float = 1.0
     router_ms_per_row: float = 0.0
@@ -135,11 +137,15 @@ class Overhead:
     draft_rpc_ms: float = 1.0
     verify_scale: float = 1.0
     verify_scale_by_batch: list[list[float]] = field(default_factory=list)
+    verify_scale_plain_by_batch: list[list[float]] = field(default_factory=list)
     prefill_scale: float = 1.0
     source: str = "default (not measured)"
 
-    def verify_scale_at(self, batch: float) -> float:
-        pts = sorted(self.verify_scale_by_batch)
+    def verify_scale_at(self, batch: float, tokens_per_row: int = 2) -> float:
+        """The scale for a verify of ``batch`` rows of ``tokens_per_row`` tokens: the points of its
+        kind (plain or speculative), else the other kind's, else ``verify_scale``."""
+        plain, spec = self.verify_scale_plain_by_batch, self.verify_scale_by_batch
+        pts = sorted((plain or spec) if tokens_per_row <= 1 else (spec or plain))
         if not pts:
             return self.verify_scale
         if batch <= pts[0][0]:

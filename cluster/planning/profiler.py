@@ -386,6 +386,10 @@ def _prompt_prefill_ms(profile: Profile | None) -> float:
     return sum(profile.target_prefill.at(r.prompt_tokens - 1) for r in reqs) / len(reqs) if reqs else 0.0
 
 
+def _medians(by_batch: dict[int, list[float]]) -> list[list[float]]:
+    return [[b, round(statistics.median(v), 3)] for b, v in sorted(by_batch.items())]
+
+
 def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhead:
     """Router and RPC time per round, and the scale of the target's Verify, from a `specdec bench
     serve` result (its scenarios' round split, scraped from the router's /metrics).
@@ -395,14 +399,15 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     phase, so there the prefill the profile predicts is taken out. The Verify RPC is the verify
     wall less the worker's own compute (the ``rpc`` phase). ``verify_scale`` is the median over
     scenarios of that compute over the profile's forward at the scenario's mean batch and tokens per
-    row (k + 1), and ``verify_scale_by_batch`` the median per mean batch (rounded); where the worker
+    row (k + 1), and ``verify_scale_by_batch`` / ``verify_scale_plain_by_batch`` the median per mean
+    batch (rounded) of the speculative / plain scenarios (k under 0.5 per row); where the worker
     reported no compute time, the RPC is folded into the scale. ``prefill_scale``: the prefill
     phase's time over the profile's prefill of as many mean prompts as the scenario sent. The
     draft RPC is the draft wait less the Propose the profile predicts for the mean batch and k."""
     prefill_ms = _prompt_prefill_ms(profile)
     points = []
     rpc, drpc, scales, prefill_scales = [], [], [], []
-    by_batch: dict[int, list[float]] = {}
+    by_batch: dict[bool, dict[int, list[float]]] = {True: {}, False: {}}  # plain? -> batch -> scales
     for r in result.get("results", []):
         s, split = r.get("summary", {}), r.get("summary", {}).get("split")
         if not split or r.get("mode") == "engine" or not split.get("rounds"):
@@ -420,7 +425,7 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
             predicted = profile.target_forward.at(batch, k + 1)
             if predicted > 0:
                 scales.append((split["verify_ms_per_round"] - (rpc_ms or 0.0)) / predicted)
-                by_batch.setdefault(max(1, round(batch)), []).append(scales[-1])
+                by_batch[k < 0.5].setdefault(max(1, round(batch)), []).append(scales[-1])
         if prefill_ms > 0 and split.get("prefill_ms_per_round") and s.get("requests"):
             prefill_scales.append(split["prefill_ms_per_round"] * split["rounds"] / (prefill_ms * s["requests"]))
         if k > 0 and split.get("draft_wait_ms_per_round"):
@@ -443,7 +448,8 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
         verify_rpc_ms=round(verify_rpc, 3),
         draft_rpc_ms=round(min(drpc), 3) if drpc else Overhead.draft_rpc_ms,
         verify_scale=round(statistics.median(scales), 3) if scales else 1.0,
-        verify_scale_by_batch=[[b, round(statistics.median(v), 3)] for b, v in sorted(by_batch.items())],
+        verify_scale_by_batch=_medians(by_batch[False]),
+        verify_scale_plain_by_batch=_medians(by_batch[True]),
         prefill_scale=round(statistics.median(prefill_scales), 3) if prefill_scales else 1.0,
         source=f"bench serve result ({len(points)} scenarios)",
     )

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cluster.planning.costs import ProfileCosts
-from cluster.planning.profile import Curve, DrafterStats, Grid, Profile, RequestRounds
+from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, RequestRounds
 from cluster.planning.profiler import ProfileOptions, overhead_from_bench, take_profile
 from specdec.cli.main import main
 
@@ -117,15 +117,20 @@ def test_verify_scale_and_rpc_come_from_the_workers_compute_in_the_service():
     # the median scale; the rpc phase as measured; the router phase (prefills apart) fitted by batch
     assert o.verify_scale == pytest.approx(1.5) and o.verify_rpc_ms == pytest.approx(3.0)
     assert o.router_ms == pytest.approx(0.5) and o.router_ms_per_row == pytest.approx(0.1)
-    # per mean batch: 1.5 at batch 1, the median of 1.5 and 1.3 at batch 4; interpolated between
-    assert o.verify_scale_by_batch == [[1, 1.5], [4, 1.4]]
+    # per mean batch and kind: plain 1.5 at batches 1 and 4, speculative 1.5 and 1.3; interpolated
+    assert o.verify_scale_plain_by_batch == [[1, 1.5], [4, 1.5]]
+    assert o.verify_scale_by_batch == [[1, 1.5], [4, 1.3]]
     # prefill: 400 ms x 50 rounds for 8 prompts of 161 tokens, which the curve puts at 500 ms each
     assert o.prefill_scale == pytest.approx(5.0)
     profile.overhead = o
     costs = ProfileCosts(profile, "ngram")
-    assert costs.verify_s(4, 5, 168) == pytest.approx(0.42)  # 1.4 x 300 ms
+    assert costs.verify_s(4, 5, 168) == pytest.approx(0.39)  # 1.3 x 300 ms
+    assert costs.verify_s(4, 1, 168) == pytest.approx(1.5 * g.at(4, 1) / 1e3)  # plain rows, plain scale
     assert costs.verify_s(1, 1, 168) == pytest.approx(0.15)  # 1.5 x 100 ms
-    assert o.verify_scale_at(2) == pytest.approx(1.5 - 0.1 / 3) and o.verify_scale_at(16) == 1.4
+    assert o.verify_scale_at(2) == pytest.approx(1.5 - 0.2 / 3) and o.verify_scale_at(16) == 1.3
+    assert o.verify_scale_at(16, tokens_per_row=1) == 1.5
+    only_plain = Overhead(verify_scale=1.1, verify_scale_plain_by_batch=[[1, 1.2]])
+    assert only_plain.verify_scale_at(4) == 1.2 and Overhead(verify_scale=1.1).verify_scale_at(4) == 1.1
     assert costs.prefill_s(1, 160) == pytest.approx(2.5)
     # older results: no rpc phase (the RPC goes into the scale), prefills inside the router phase
     old = {"results": [_serve_scenario(g, b, k, 1.5, rpc=None, prefill=False) for b, k, _ in cases]}
