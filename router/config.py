@@ -57,9 +57,10 @@ class RouterConfig:
       itself), clamped to [min, draft_deadline_s] (factor 0: always draft_deadline_s). A later
       draft fails open: the round verifies with k = 0; while the drafter is still busy with the
       late draft, rounds fail open without waiting, and speculation resumes when it has caught up.
-    max_batched_tokens: the token budget of one round: the running requests' verify rows (k + 1
-      each) first, then prompt chunks (specdec.core.prefill_plan); <= 0 turns the budget off
-      (a prompt is cached whole in its first round).
+    max_batched_tokens: the token budget of a plain round: the running requests' verify rows (k + 1
+      each) first, then prompt chunks (specdec.core.prefill_plan); a speculative round's is this
+      times the tokens a request commits per round (prefill_plan.round_budget); <= 0 turns the
+      budget off (a prompt is cached whole in its first round).
     prefill_chunk: prompts are cached in chunks whose boundaries are multiples of this size,
       whatever the load, so a prompt's KV (and, in bf16, its output) never depends on other traffic.
     rpc_timeout_s: timeout of one Verify / Prefill / Tokenize call to a worker.

@@ -46,8 +46,8 @@ class RouterPolicy:
     def lane_share(self, running: int, lane: int) -> int:
         return policy.lane_share(running, lane, self.cfg.micro_batches, self.cfg.split_min_batch)
 
-    def plan_prefill(self, needs: list[PrefillNeed], verify_tokens: int) -> dict[str, int]:
-        return plan_prefill(needs, verify_tokens, self.cfg.max_batched_tokens, self.cfg.prefill_chunk)
+    def plan_prefill(self, needs: list[PrefillNeed], verify_tokens: int, budget: int) -> dict[str, int]:
+        return plan_prefill(needs, verify_tokens, budget, self.cfg.prefill_chunk)
 
     # ---- requests and k ------------------------------------------------------------------------
     def new_request(

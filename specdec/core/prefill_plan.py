@@ -17,7 +17,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["PrefillNeed", "plan_prefill", "chunk_end", "chunks_between", "DEFAULT_CHUNK", "DEFAULT_BUDGET"]
+__all__ = [
+    "PrefillNeed",
+    "plan_prefill",
+    "round_budget",
+    "chunk_end",
+    "chunks_between",
+    "DEFAULT_CHUNK",
+    "DEFAULT_BUDGET",
+]
 
 # Defaults sized on the 2-core CPU machine, where a round of one or two chunks stays near a second
 # on the default models (bench/NOTES.md, "Chunked prefill"); configs/cluster.yaml sets GPU values.
@@ -30,6 +38,16 @@ class PrefillNeed:
     key: str
     done: int  # prompt tokens already cached (0, a multiple of the chunk size, or total)
     total: int  # prompt tokens to cache before decoding starts (the prompt less its last token)
+
+
+def round_budget(budget: int, tokens_per_row: float) -> int:
+    """A round's token budget where its decoding rows commit ``tokens_per_row`` tokens each (tau
+    under speculation, 1 for plain decoding): ``budget`` is what a plain round may spend, and a
+    round that commits more tokens per row may spend as many times more. Prompts then get the same
+    prefill tokens per committed token, and running requests the same stall per token, whatever
+    the speculation. With a fixed budget a speculative round (several times longer) prefilled
+    several times slower, and bursts of prompts reached decoding late (bench/NOTES.md)."""
+    return budget if budget <= 0 else int(budget * max(1.0, tokens_per_row))
 
 
 def chunk_end(done: int, total: int, chunk: int) -> int:

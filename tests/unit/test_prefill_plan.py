@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.core.prefill_plan import PrefillNeed, chunk_end, plan_prefill
+from specdec.core.prefill_plan import PrefillNeed, chunk_end, plan_prefill, round_budget
 
 
 def test_chunk_boundaries_are_multiples_of_the_chunk_size():
@@ -40,6 +40,18 @@ def test_no_starvation_when_the_verify_rows_fill_the_budget():
 def test_budget_off_caches_every_prompt_whole():
     needs = [PrefillNeed("a", 0, 3000), PrefillNeed("b", 256, 300), PrefillNeed("c", 50, 50)]
     assert plan_prefill(needs, verify_tokens=100, budget=0, chunk=128) == {"a": 3000, "b": 300}
+
+
+def test_a_round_committing_more_tokens_per_row_gets_a_larger_budget():
+    assert round_budget(256, 1.0) == 256
+    assert round_budget(256, 0.4) == 256  # never below a plain round's
+    assert round_budget(256, 4.5) == 1152
+    assert round_budget(0, 4.5) == 0  # off stays off
+    # a speculative round with tau 4.5 caches four more chunks of a waiting prompt than a plain one
+    needs = [PrefillNeed("a", 0, 3000)]
+    plain = plan_prefill(needs, verify_tokens=8, budget=round_budget(256, 1.0), chunk=128)
+    spec = plan_prefill(needs, verify_tokens=48, budget=round_budget(256, 4.5), chunk=128)
+    assert (plain, spec) == ({"a": 128}, {"a": 1024})
 
 
 @settings(max_examples=200, deadline=None)
