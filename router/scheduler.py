@@ -294,7 +294,7 @@ class TargetScheduler:
         prompt is now cached, which verify in this same round."""
         prefilling = [j for j in batch if j.state.prefilling]
         needs = [PrefillNeed(j.key, j.state.prefilled, j.state.prefill_total) for j in prefilling]
-        plan = plan_prefill(needs, verify_tokens, self.balance.prefill_budget(), self.cfg.prefill_chunk)
+        plan = plan_prefill(needs, verify_tokens, self.balance.prefill_budget(batch), self.cfg.prefill_chunk)
         chunks = [j for j in prefilling if j.key in plan]
         if not chunks:
             return []

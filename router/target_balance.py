@@ -47,19 +47,19 @@ class TargetBalance:
         self.depth = DepthState()
         self.wait_share = 0.0  # EWMA of the share of round time spent waiting for drafts
         self.pool = (0.0, 0.0)  # (accepted, rejections) of this target's rounds, decayed: ~300 request-rounds
-        self.row_tokens = 1.0  # EWMA of the tokens a request commits per round (~20 request-rounds)
 
     def observe_outcome(self, drafted: int, accepted: int) -> None:
-        """One request's round: ``accepted`` of ``drafted`` draft tokens (the pooled acceptance),
-        ``accepted`` + 1 tokens committed."""
-        self.row_tokens += 0.05 * (accepted + 1 - self.row_tokens)
+        """One request's round: ``accepted`` of ``drafted`` draft tokens (the pooled acceptance)."""
         if drafted > 0:
             acc, rej = self.pool
             self.pool = (0.997 * acc + accepted, 0.997 * rej + (1.0 if accepted < drafted else 0.0))
 
-    def prefill_budget(self) -> int:
-        """This round's token budget for verify rows and prompt chunks (prefill_plan.round_budget)."""
-        return round_budget(self.s.cfg.max_batched_tokens, self.row_tokens)
+    def prefill_budget(self, batch: list[Job]) -> int:
+        """The token budget of a round of ``batch`` for verify rows and prompt chunks
+        (prefill_plan.round_budget), by the tokens per round its decoding requests committed so
+        far: the batch's own, so plain requests get the plain budget whatever ran before them."""
+        rates = [(st.rounds + st.accepted) / st.rounds for j in batch if (st := j.state.stats).rounds]
+        return round_budget(self.s.cfg.max_batched_tokens, sum(rates) / len(rates) if rates else 1.0)
 
     # ---- depth ---------------------------------------------------------------------------------
     @property
