@@ -293,6 +293,8 @@ class TargetScheduler:
         """Cache this round's prompt chunks on the target (and the drafter); return the jobs whose
         prompt is now cached, which verify in this same round."""
         prefilling = [j for j in batch if j.state.prefilling]
+        if not prefilling:  # most rounds: no budget to work out
+            return []
         needs = [PrefillNeed(j.key, j.state.prefilled, j.state.prefill_total) for j in prefilling]
         plan = plan_prefill(needs, verify_tokens, self.balance.prefill_budget(batch), self.cfg.prefill_chunk)
         chunks = [j for j in prefilling if j.key in plan]

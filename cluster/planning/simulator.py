@@ -296,6 +296,8 @@ class _Sim:
 
     def _prefill(self, g: Group, batch: list[Job], verify_tokens: int) -> Generator:
         prefilling = [j for j in batch if j.state.prefilling]
+        if not prefilling:  # most rounds: no budget to work out
+            return []
         needs = [PrefillNeed(j.key, j.state.prefilled, j.state.prefill_total) for j in prefilling]
         plan = self.P.plan_prefill(needs, verify_tokens, g.balance.prefill_budget(batch))
         chunks = [j for j in prefilling if j.key in plan]
