@@ -10,6 +10,7 @@ computed by the bench's own ``summarize``.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,10 +78,16 @@ def predict_bench(
     modes: tuple[str, ...] = ("auto", "off"),
     seed: int = 0,
     colocated: bool = True,
+    draws: int = 1,
 ) -> dict[str, Any]:
     """What `specdec bench serve` would report: {"results": [{scenario, kind, x, mode, summary, sim}]}.
     The runs go in the bench's order through one router (its learned state carried over: the
-    verify cost line, the pooled acceptance, the drafters' measured waits), as the service's."""
+    verify cost line, the pooled acceptance, the drafters' measured waits), as the service's.
+    ``draws`` > 1: each run simulated that many times, the acceptance drawn with seeds ``seed``,
+    ``seed`` + 1, ... (the arrivals stay the bench's, from ``seed``), and the numbers averaged:
+    with a few requests, one draw's k or tau moves by tens of percent."""
+    if draws < 1:
+        raise WorkloadError(f"draws must be at least 1 (got {draws})")
     results = []
     memory = None
     for sc in scenarios:
@@ -94,20 +101,41 @@ def predict_bench(
             reqs = bench_requests(profile, requests, max_tokens, arrivals)
             dep = _deployment(profile, serve, mode, colocated)
             closed = int(sc.x) if sc.kind == "closed" else 0
-            res: SimResult = simulate(dep, reqs, seed=seed, closed=closed, memory=memory)
-            memory = res.memory
+            runs: list[SimResult] = [
+                simulate(dep, reqs, seed=seed + d, closed=closed, memory=copy.deepcopy(memory)) for d in range(draws)
+            ]
+            memory = runs[0].memory
             results.append(
                 {
                     "scenario": sc.name,
                     "kind": sc.kind,
                     "x": sc.x,
                     "mode": mode,
-                    "summary": res.summary,
-                    "utilization": res.utilization,
-                    "mean_batch": res.mean_batch,
+                    "summary": _mean([r.summary for r in runs]),
+                    "utilization": _mean([r.utilization for r in runs]),
+                    "mean_batch": round(sum(r.mean_batch for r in runs) / draws, 3),
+                    "draws": draws,
                 }
             )
     return {"profile": {"device": profile.device, "target": profile.target, "draft": profile.draft}, "results": results}
+
+
+def _mean(dicts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The numbers averaged over ``dicts`` (same keys); anything else as in the first."""
+    if len(dicts) == 1:
+        return dicts[0]
+    out = {}
+    for key, value in dicts[0].items():
+        numbers = [d.get(key) for d in dicts]
+        if (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and all(isinstance(v, int | float) for v in numbers)
+        ):
+            out[key] = round(sum(numbers) / len(numbers), 4)
+        else:
+            out[key] = value
+    return out
 
 
 def scenarios_of(bench: dict[str, Any]) -> tuple[list[Scenario], dict[str, Any]]:

@@ -7,7 +7,8 @@ lookup guesses); then the acceptance run: each prompt through the single-process
 with the router's k policy, once per drafter (the draft model, the n-gram drafter), recording
 every round's k, drafted and accepted tokens and the drafting time. Router and RPC overheads come
 from a `specdec bench serve` result (:func:`overhead_from_bench`), or stay at their defaults.
-Forward timing is :func:`specdec.bench.runner.forward_times`.
+A part's cells are timed in interleaved passes and made monotone (:func:`_passes`,
+:mod:`cluster.planning.monotone`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
+from cluster.planning.monotone import isotonic, monotone_grid
 from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, RequestRounds
-from specdec.bench.runner import forward_times, median_ms
+from specdec.bench.runner import median_ms
 from specdec.core.request_state import KPolicy
 
 log = logging.getLogger(__name__)
@@ -137,37 +140,87 @@ def _ids(n: int) -> list[int]:
     return [7 + i % 97 for i in range(n)]
 
 
-def _grid(runner, opts: ProfileOptions, sizes: tuple[int, ...], budget: _Budget, what: str) -> Grid | None:
-    context = _ids(opts.context)
-    rows: list[list[float]] = []
-    batches: list[int] = []
-    for b in opts.batches:
-        if not budget.allow(f"{what} forward, batch {b}, tokens per row {list(sizes)}", 0.0, must=what == "target"):
+def _passes(samples: dict, time_once: Callable[[Any], float], repeat: int, budget: _Budget, what: str) -> None:
+    """Passes 2..``repeat``: every cell timed once per pass, in turn. A cell's repeats spread over the
+    whole part rather than run back to back, so the machine's slow and fast windows (seconds long
+    on a shared VM) fall on every cell alike and the grid keeps its shape."""
+    pass_s = sum(statistics.median(v) for v in samples.values()) / 1e3
+    for p in range(2, repeat + 1):
+        if not budget.allow(f"{what}: pass {p} of {repeat}", pass_s):
             break
-        ms = forward_times(runner, b, context, sizes, opts.repeat, warmup=1)
-        rows.append([round(ms[n], 3) for n in sizes])
-        batches.append(b)
-    return Grid(batches, list(sizes), rows, opts.context) if rows else None
+        for key in samples:
+            samples[key].append(time_once(key))
+
+
+def _cell_medians(samples: dict, keys: list) -> list[float]:
+    return [statistics.median(samples[key]) for key in keys]
+
+
+def _grid(runner, opts: ProfileOptions, sizes: tuple[int, ...], budget: _Budget, what: str) -> Grid | None:
+    """Forward ms by (batch, tokens per row) after ``opts.context`` cached tokens per row: one
+    timing of each cell batch by batch (as far as the budget goes), then more passes over the grid
+    (:func:`_passes`); the medians made monotone (:mod:`cluster.planning.monotone`)."""
+    context = _ids(opts.context)
+    held: dict[int, list[int]] = {}  # batch -> its slots, each holding the context
+
+    def time_once(key: tuple[int, int]) -> float:
+        b, n = key
+        slots = held[b]
+        t0 = time.perf_counter()
+        runner.forward(slots, [[7] * n] * b, num_logits=n)
+        ms = (time.perf_counter() - t0) * 1e3
+        for s in slots:
+            runner.rollback(s, len(context))
+        return ms
+
+    samples: dict[tuple[int, int], list[float]] = {}
+    try:
+        for b in opts.batches:
+            if not budget.allow(f"{what} forward, batch {b}, tokens per row {list(sizes)}", 0.0, must=what == "target"):
+                break
+            held[b] = [runner.alloc_slot() for _ in range(b)]
+            runner.forward(held[b], [context] * b, num_logits=0)
+            for n in sizes:
+                time_once((b, n))  # warm-up
+                samples[b, n] = [time_once((b, n))]
+        _passes(samples, time_once, opts.repeat, budget, f"{what} forward grid")
+    finally:
+        for slots in held.values():
+            for s in slots:
+                runner.free_slot(s)
+    if not held:
+        return None
+    batches = list(held)
+    rows = monotone_grid([_cell_medians(samples, [(b, n) for n in sizes]) for b in batches])
+    return Grid(batches, list(sizes), [[round(v, 3) for v in r] for r in rows], opts.context)
 
 
 def _prefill_curve(runner, opts: ProfileOptions, budget: _Budget, what: str) -> Curve | None:
-    lengths, times = [], []
-    for n in opts.prefill_lengths:
-        if n + 1 > runner.max_len or not budget.allow(f"{what} prefill of {n} tokens", 0.0, must=what == "target"):
-            break
-        slot = runner.alloc_slot()
-        feed = _ids(n)
+    """Prefill ms by prompt length, timed like :func:`_grid` (a first pass, then interleaved
+    passes), made monotone."""
+    slot = runner.alloc_slot()
 
-        def run(slot=slot, feed=feed):
-            runner.forward([slot], [feed], num_logits=0)
-            runner.rollback(slot, 0)
+    def time_once(n: int) -> float:
+        t0 = time.perf_counter()
+        runner.forward([slot], [_ids(n)], num_logits=0)
+        ms = (time.perf_counter() - t0) * 1e3
+        runner.rollback(slot, 0)
+        return ms
 
-        try:
-            times.append(round(median_ms(run, opts.repeat, warmup=1), 3))
-            lengths.append(n)
-        finally:
-            runner.free_slot(slot)
-    return Curve(lengths, times) if lengths else None
+    samples: dict[int, list[float]] = {}
+    try:
+        for n in opts.prefill_lengths:
+            if n + 1 > runner.max_len or not budget.allow(f"{what} prefill of {n} tokens", 0.0, must=what == "target"):
+                break
+            time_once(n)  # warm-up
+            samples[n] = [time_once(n)]
+        _passes(samples, time_once, opts.repeat, budget, f"{what} prefill")
+    finally:
+        runner.free_slot(slot)
+    if not samples:
+        return None
+    lengths = list(samples)
+    return Curve(lengths, [round(v, 3) for v in isotonic(_cell_medians(samples, lengths))])
 
 
 def _time_proposes(drafter, seqs: list[list[int]], ks: tuple[int, ...], repeat: int, max_tokens: int) -> list[float]:
@@ -323,7 +376,7 @@ def take_profile(
         check_same_vocab(tgt, dft)
     budget = _Budget(opts.budget_s, progress)
     max_len = max(opts.context + max(opts.tokens) + 1, max(opts.prefill_lengths) + 1, 4096)
-    slots = max(opts.batches)
+    slots = sum(opts.batches)  # the grid holds every batch's rows at once (its passes interleave them)
     with torch.inference_mode():
         t_runner = ModelRunner(tgt.model, num_slots=slots, max_len=max_len)
         model_draft = dft is not None and "draft" in opts.drafters

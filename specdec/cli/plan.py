@@ -155,7 +155,9 @@ def _simulate(args: argparse.Namespace) -> int:
         _err("give --rate and/or --concurrency, or --compare a bench serve result")
         return USAGE
     try:
-        pred = predict_bench(profile, serve, scenarios, requests, max_tokens, modes, seed, not args.separate_devices)
+        pred = predict_bench(
+            profile, serve, scenarios, requests, max_tokens, modes, seed, not args.separate_devices, args.draws
+        )
     except (ProfileError, WorkloadError) as exc:
         _err(str(exc))
         return FAILED
@@ -289,6 +291,9 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--modes", default="auto,off")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--draws", type=int, default=8, help="simulations per scenario, acceptance drawn anew, numbers averaged"
+    )
     p.add_argument("--separate-devices", action="store_true", help="draft and target on their own devices")
     p.add_argument("--json", default=None, metavar="OUT")
     p.set_defaults(func=_simulate)

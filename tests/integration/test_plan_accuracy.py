@@ -1,14 +1,16 @@
 """The capacity simulator against the service it models, at small scale: a profile of SmolLM2-135M
 taken here predicts a `specdec bench serve` run (Poisson arrivals, AUTO and OFF) of the real
 service (router + a target Ray actor, gRPC on loopback), and the prediction must land near the
-measurement, so the simulator cannot drift from the service unnoticed.
+measurement, so the simulator cannot drift from the service unnoticed. Part of `make test` (~70 s).
 
 AUTO drafts with the router's n-gram drafter (no draft worker): its drafts depend only on the
-text, so what a policy drift would move (tokens, the draft length k, tokens per round tau) can be
-held tighter than timings, which on this shared 2-core machine move with whatever else runs between
-the profile and the run, and even between the AUTO and the OFF scenario (seen: OFF 2.1x slower
-than predicted while AUTO, measured a minute earlier, was within 16 %). The full table (the Qwen
-pair with its draft worker, three rates) is in bench/NOTES.md.
+text, so the service's k and tokens per round (tau) are the same run to run and what a policy drift
+would move can be held tighter than timings. The simulator draws acceptance from the profile's
+per-position rates, so with 4 requests one draw of k moves by +-30 %: the prediction is the mean of
+several draws. Timings get a factor of 2: on this shared 2-core machine they move with whatever runs
+between the profile and the run (seen under load: OFF 2.1x slower than predicted while AUTO, a
+minute earlier, was within 16 %). The full table (the Qwen pair with its draft worker) is in
+bench/NOTES.md.
 """
 
 from __future__ import annotations
@@ -19,13 +21,11 @@ import pytest
 
 from tests.conftest import SMOLLM
 
-# A timing comparison (predicted vs measured): meaningful on a quiet machine only, so opt-in.
-pytestmark = pytest.mark.slow
-
 MAX_TOKENS = 24
 REQUESTS = 4
 RATE = 2.0
 PROMPTS = "humaneval:2"
+DRAWS = 8  # simulations averaged (each takes well under a second)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_simulator_predicts_bench_serve_on_this_machine(smol_service, smollm_pat
         batches=(1, 4),
         tokens=(1, 4, 8, 13),
         prefill_lengths=(32, 128, 256),
-        repeat=2,
+        repeat=3,
         k_policy=config.k_policy,
         drafters=("ngram",),
     )
@@ -92,7 +92,8 @@ def test_simulator_predicts_bench_serve_on_this_machine(smol_service, smollm_pat
         encode=lambda p: encode(tokenizer, p),
     )
     serve = ServeConfig(PoolConfig.from_dict(dict(worker), "target"), None, config)
-    predicted = predict_bench(profile, serve, [Scenario("poisson", RATE)], REQUESTS, MAX_TOKENS, ("auto", "off"))
+    scenario = [Scenario("poisson", RATE)]
+    predicted = predict_bench(profile, serve, scenario, REQUESTS, MAX_TOKENS, ("auto", "off"), draws=DRAWS)
     rows = {r["mode"]: r for r in compare(predicted, measured)}
     meas = {r["mode"]: r["summary"] for r in measured["results"]}
     pred = {r["mode"]: r["summary"] for r in predicted["results"]}
@@ -101,9 +102,9 @@ def test_simulator_predicts_bench_serve_on_this_machine(smol_service, smollm_pat
         assert pred[mode]["tokens"] == meas[mode]["tokens"], mode  # the same output lengths
         for key in ("throughput_tok_s", "tpot_ms_p50"):  # the machine's load moves these: a loose bound
             cell = rows[mode][key]
-            assert _log_ratio(cell["predicted"], cell["measured"]) < math.log(3.0), (mode, key, cell)
+            assert _log_ratio(cell["predicted"], cell["measured"]) < math.log(2.0), (mode, key, cell)
     assert pred["off"]["k_mean"] == 0 and pred["off"]["tau"] == 1.0
-    # The k policy and the acceptance as the service ran them (two prompts: k follows few rounds).
-    for key, bound in (("k_mean", 0.5), ("tau", 0.3)):
+    # The k policy and the acceptance as the service ran them.
+    for key, bound in (("k_mean", 0.4), ("tau", 0.2)):
         cell = rows["auto"][key]
         assert abs(cell["error"]) < bound, (key, cell)

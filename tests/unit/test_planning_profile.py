@@ -36,7 +36,7 @@ def tiny_profile(tiny_paths, prompts_file) -> Profile:
         draft_ks=(1, 4),
         context=16,
         prefill_lengths=(8, 32),
-        repeat=1,
+        repeat=2,  # a first pass and one interleaved pass
     )
     return take_profile(str(tiny_paths["llama"]), str(tiny_paths["llama-draft"]), opts)
 
@@ -47,6 +47,10 @@ def test_profile_measures_every_part_and_says_where_it_came_from(tiny_profile, t
     assert p.machine["cores"] >= 1 and p.machine["torch"] and p.device.startswith("cpu")
     assert p.target["dtype"] == "float32" and p.target["config"]["layers"] >= 1 and p.draft["config"]["params"] > 0
     assert p.target_forward.batch == [1, 2] and all(v > 0 for row in p.target_forward.ms for v in row)
+    for grid in (p.target_forward, p.draft_forward):  # more rows or tokens never cost less (monotone.py)
+        assert all(a <= b for row in grid.ms for a, b in zip(row, row[1:]))
+        assert all(a <= b for a, b in zip(grid.ms[0], grid.ms[1]))
+    assert all(a <= b for a, b in zip(p.target_prefill.ms, p.target_prefill.ms[1:]))
     assert p.draft_propose is not None and p.draft_propose.tokens == [1, 4] and p.draft_prefill is not None
     assert set(p.drafters) == {"draft", "ngram"} and p.tp is None
     for stats in p.drafters.values():
