@@ -245,7 +245,7 @@ def _time_proposes(drafter, seqs: list[list[int]], ks: tuple[int, ...], repeat: 
 
 def _propose_grid(d_runner, prompt_ids: list[list[int]], opts: ProfileOptions, budget: _Budget) -> Grid | None:
     """A draft worker's Propose by (batch, k): B of the workload's prompts, each round continuing
-    from the last draft (all accepted), the prefill untimed."""
+    from the last draft (all accepted), the prefill untimed; made monotone like the forward grid."""
     from specdec.core.build import model_drafter_on
 
     ks = tuple(k for k in opts.draft_ks if k <= opts.k_policy.k_max) or (1,)
@@ -256,7 +256,7 @@ def _propose_grid(d_runner, prompt_ids: list[list[int]], opts: ProfileOptions, b
         seqs = [list(prompt_ids[i % len(prompt_ids)]) for i in range(b)]
         rows.append(_time_proposes(model_drafter_on(d_runner), seqs, ks, opts.repeat, opts.max_tokens))
         batches.append(b)
-    return Grid(batches, list(ks), rows, 0) if rows else None
+    return Grid(batches, list(ks), [[round(v, 3) for v in r] for r in monotone_grid(rows)], 0) if rows else None
 
 
 class _Recorder:
