@@ -84,6 +84,10 @@ class RequestRounds:
     output_tokens: int
     finish_reason: str  # "stop": ended by itself; "length": would have gone on past max_tokens
     rounds: list[list[int]] = field(default_factory=list)  # [k, drafted, accepted, count]
+    # [k, drafted, accepted] of its first round (one of ``rounds``), [] where not recorded: a first
+    # draft often fails at its first token (an n-gram from the prompt's tail), which the adaptive k
+    # starts from, so the simulator draws it apart from the later rounds
+    first: list[int] = field(default_factory=list)
 
 
 @dataclass

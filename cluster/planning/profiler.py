@@ -321,6 +321,7 @@ def _acceptance(engine_factory, name: str, prompts, tokenizer, opts: ProfileOpti
         ids = encode(tokenizer, prompt)
         rid = engine.add_request(ids, SamplingParams(max_tokens=opts.max_tokens))
         rounds: dict[tuple[int, int, int], int] = {}
+        first_round: list[int] = []
         first = True
         while engine.has_work:
             recorder.calls.clear()
@@ -330,6 +331,7 @@ def _acceptance(engine_factory, name: str, prompts, tokenizer, opts: ProfileOpti
             for k, d, dt in recorder.calls:
                 a = req.stats.accepted - before
                 rounds[(k, d, a)] = rounds.get((k, d, a), 0) + 1
+                first_round = first_round or [k, d, a]
                 if not first:
                     timing.append((k, dt * 1e3))
                 first = False
@@ -341,6 +343,7 @@ def _acceptance(engine_factory, name: str, prompts, tokenizer, opts: ProfileOpti
                 output_tokens=len(res.token_ids),
                 finish_reason=res.finish_reason,
                 rounds=[[k, d, a, n] for (k, d, a), n in sorted(rounds.items())],
+                first=first_round,
             )
         )
         last = time.monotonic() - t0
@@ -404,7 +407,11 @@ def take_profile(
                 inner = model_drafter_on(d_runner) if name == "draft" else NgramProposer()
                 rec = _Recorder(inner)
                 runner = ModelRunner(tgt.model, num_slots=1, max_len=max_len)
-                return SpecEngine(runner, tgt.tokenizer, rec, k_policy=opts.k_policy, eos_token_ids=eos), rec
+                # n-gram drafts at the router's fixed price (router/policy.py want_k), model drafts measured
+                engine = SpecEngine(
+                    runner, tgt.tokenizer, rec, k_policy=opts.k_policy, eos_token_ids=eos, price_drafts=name == "draft"
+                )
+                return engine, rec
 
             done = budget.elapsed / budget.seconds if budget.seconds > 0 else 1.0
             budget.part(done + max(0.0, 1.0 - done) / (len(runs) - i))  # the drafters share what is left

@@ -48,7 +48,7 @@ class SimDrafting:
                 continue
             j.drafters.add(name)
             cost = sim.costs.draft_prefill_s(plan[j.key] - j.draft_cached)
-            self.drafters[name].worker.reserve(sim.now, sim.costs.draft_rpc_s + cost)
+            self.drafters[name].reserve(sim.now, sim.costs.draft_rpc_s + cost)
             j.draft_cached = plan[j.key]
 
     # ---- a round's drafts --------------------------------------------------------------------------
@@ -64,7 +64,7 @@ class SimDrafting:
         if not j.state.generated or new <= sim.P.cfg.k_policy.k_max + 1:
             return False
         j.drafters.add(name)
-        self.drafters[name].worker.reserve(sim.now, sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(new))
+        self.drafters[name].reserve(sim.now, sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(new))
         j.draft_cached = len(j.state.tokens)
         return True
 
@@ -83,7 +83,7 @@ class SimDrafting:
         for j in jobs:
             j.draft_cached = len(j.state.tokens)
         call, t_req = sim.pool.begin(name, 0 if catch_up else k), sim.now
-        _, end = d.worker.reserve(sim.now, dur)
+        _, end = d.reserve(sim.now, dur)
         sim.at(end, lambda: sim.pool.end(name, call, True, since=t_req))
         return end
 

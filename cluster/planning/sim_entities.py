@@ -56,11 +56,25 @@ class SimClient:
     up: bool = True
     restarts: int = 0  # simulated workers never restart
     telemetry: SimTelemetry = field(default_factory=SimTelemetry)
-    busy_mark: float = 0.0  # Worker.busy at the last telemetry sample
+    booked: list = field(default_factory=list)  # (start, end) of its own calls not yet past a sample
 
     @property
     def info(self) -> Any:
         return SimpleNamespace(num_slots=self.slots)
+
+    def reserve(self, now: float, duration: float) -> tuple[float, float]:
+        """Book a call on its worker (``Worker.reserve``), remembered for this client's telemetry."""
+        start, end = self.worker.reserve(now, duration)
+        if duration > 0:
+            self.booked.append((start, end))
+        return start, end
+
+    def busy_in(self, t0: float, t1: float) -> float:
+        """Seconds of its own calls that ran within [t0, t1] (a worker's busy clock as its telemetry
+        reads it: compute while it runs, not when it is booked; a colocated drafter's calls are not
+        the target's); forgets calls that ended before t0."""
+        self.booked = [(s, e) for s, e in self.booked if e > t0]
+        return sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in self.booked)
 
 
 @dataclass

@@ -276,7 +276,7 @@ class _Sim:
         router = c.router_s(len(batch))
         width = max(d + 1 for d in drafted)
         context = max(len(j.state.tokens) for j in batch)
-        _, end = g.target.worker.reserve(self.now + router, c.verify_rpc_s + c.verify_s(len(batch), width, context))
+        _, end = g.target.reserve(self.now + router, c.verify_rpc_s + c.verify_s(len(batch), width, context))
         t1 = self.now + router
         yield end
         dt = end - t1
@@ -307,15 +307,18 @@ class _Sim:
         width = max(plan[j.key] - j.state.prefilled for j in chunks)
         context = max(j.state.prefilled for j in chunks)
         cost = self.costs.verify_rpc_s + self.costs.prefill_s(len(chunks), width, context)
-        _, end = g.target.worker.reserve(self.now, cost)
+        _, end = g.target.reserve(self.now, cost)
         yield end
         for j in chunks:
             j.state.prefilled = plan[j.key]
         return [j for j in chunks if not j.state.prefilling and not j.done]
 
     def sample(self, j: Job, k: int) -> int:
-        """Draft ``k`` tokens for ``j``: how many the drafter proposes, how many the target accepts."""
+        """Draft ``k`` tokens for ``j``: how many the drafter proposes, how many the target accepts
+        (its first round from the model's first-round part, where the profile has one)."""
         model = j.spec_in.acceptance["draft" if j.spec == "draft" else "ngram"]
+        if model.first is not None and not j.state.generated:
+            model = model.first
         j.outcome = model.sample(k, self.rng)
         return j.outcome[0]
 
@@ -345,13 +348,11 @@ class _Sim:
 
     # ---- the rebalancer's clock (router/rebalancer.py) -------------------------------------------
     def _tick(self) -> None:
-        """Telemetry: each device's busy fraction over the period as its load; then every target's
-        depth is re-planned by the router's own code."""
+        """Telemetry: each worker's busy fraction over the period (its own calls' compute within it)
+        as its load; then every target's depth is re-planned by the router's own code."""
         period = self.P.rebalance_period_s or 1.0
         for c in self.targets + list(self.drafting.drafters.values()):
-            w = c.worker
-            c.telemetry.load = min(1.0, max(0.0, (w.busy - c.busy_mark) / period))
-            c.busy_mark = w.busy
+            c.telemetry.load = min(1.0, max(0.0, c.busy_in(self.now - period, self.now) / period))
         for g in self.groups:
             g.balance.update_depth(self.now)
         if not self._all_done():

@@ -42,6 +42,7 @@ class AcceptanceModel:
 
     draft_p: list[float]
     accept_p: list[float]
+    first: AcceptanceModel | None = None  # a request's first round, where it differs (None: as the rest)
 
     @classmethod
     def iid(cls, a: float) -> AcceptanceModel:
@@ -140,10 +141,38 @@ def parse_lengths(spec: str, profile_values: list[int] | None = None) -> LengthD
     raise WorkloadError(f"{spec!r}: lengths are N, uniform:A:B, normal:MEAN:SD or profile (N >= 1)")
 
 
+def _without(rows: list[list[int]], first: list[int]) -> list[list[int]]:
+    """``rows`` less one round ``first`` ([k, drafted, accepted])."""
+    out, left = [], bool(first)
+    for k, d, a, n in rows:
+        if left and [k, d, a] == list(first[:3]):
+            n, left = n - 1, False
+        if n > 0:
+            out.append([k, d, a, n])
+    return out
+
+
 def acceptance_pool(stats: DrafterStats) -> list[AcceptanceModel]:
-    """One model per profiled request, each pulled toward the pooled one (few rounds: mostly pooled)."""
-    pooled = AcceptanceModel.from_rounds(stats.pooled())
-    return [AcceptanceModel.from_rounds(r.rounds, prior=pooled) for r in stats.requests]
+    """One model per profiled request, each pulled toward the pooled one (few rounds: mostly pooled).
+    Where the profile recorded each request's first round, the first rounds get a model of their own
+    (pooled over the requests: one round each) and the other models leave them out: a first draft
+    that fails at once (an n-gram proposing from the prompt's tail) is not spread over every round,
+    and the adaptive k starts from it as the service's does."""
+    firsts = [r.first for r in stats.requests if r.first]
+    if len(firsts) < len(stats.requests):  # not recorded (an older profile): every round alike
+        pooled = AcceptanceModel.from_rounds(stats.pooled())
+        return [AcceptanceModel.from_rounds(r.rounds, prior=pooled) for r in stats.requests]
+    rest = [_without(r.rounds, r.first) for r in stats.requests]
+    merged: dict[tuple[int, int, int], int] = {}
+    for rows in rest:
+        for k, d, a, n in rows:
+            merged[(k, d, a)] = merged.get((k, d, a), 0) + n
+    pooled = AcceptanceModel.from_rounds([[k, d, a, n] for (k, d, a), n in sorted(merged.items())])
+    first = AcceptanceModel.from_rounds([[k, d, a, 1] for k, d, a in firsts], prior=pooled, weight=1.0)
+    models = [AcceptanceModel.from_rounds(rows, prior=pooled) for rows in rest]
+    for m in models:
+        m.first = first
+    return models
 
 
 def poisson_requests(

@@ -56,8 +56,13 @@ class SpecEngine:
         verify_mode: str | None = None,
         max_batched_tokens: int = DEFAULT_BUDGET,
         prefill_chunk: int = DEFAULT_CHUNK,
+        price_drafts: bool = True,
     ):
         self.target = target
+        # False: the adaptive k keeps k_policy.cost_ratio as a draft token's cost instead of the
+        # measured one, as the router does for n-gram drafts (router/policy.py want_k); the
+        # capacity profiler's n-gram run then takes the router's k path over the same text
+        self.price_drafts = price_drafts
         self.max_batched_tokens = max_batched_tokens  # <= 0: no budget (prompts cached whole)
         self.prefill_chunk = prefill_chunk
         self.verifier = TargetVerifier(target)
@@ -131,12 +136,13 @@ class SpecEngine:
         self._admit()
         max_len = self.target.max_len
         decoding = [r for r in self.running if not r.prefilling]
-        ks = [r.next_k(max_len, self.cost.per_token) for r in decoding]
+        per_token = self.cost.per_token if self.price_drafts else None
+        ks = [r.next_k(max_len, per_token) for r in decoding]
         self._prefill(sum(k + 1 for k in ks))
         batch = decoding + [r for r in self.running if r not in decoding and not r.prefilling]
         if not batch:
             return []
-        ks += [r.next_k(max_len, self.cost.per_token) for r in batch[len(decoding) :]]
+        ks += [r.next_k(max_len, per_token) for r in batch[len(decoding) :]]
         inputs = [DraftInput(r.id, r.tokens, r.params, r.mode, k) for r, k in zip(batch, ks)]
         t0 = time.perf_counter()
         drafts = propose_within_k(self.drafter, inputs)

@@ -6,8 +6,8 @@ measurement, so the simulator cannot drift from the service unnoticed. Part of `
 AUTO drafts with the router's n-gram drafter (no draft worker): its drafts depend only on the
 text, so the service's k and tokens per round (tau) are the same run to run and what a policy drift
 would move can be held tighter than timings. The simulator draws acceptance from the profile's
-per-position rates, so with 4 requests one draw of k moves by +-30 %: the prediction is the mean of
-several draws. Timings get a factor of 2: on this shared 2-core machine they move with whatever runs
+per-position rates (a request's first round apart), so with 4 requests one draw of k moves by
++-30 %: the prediction is the mean of several draws. Timings get a factor of 2: on this shared 2-core machine they move with whatever runs
 between the profile and the run (seen under load: OFF 2.1x slower than predicted while AUTO, a
 minute earlier, was within 16 %). The full table (the Qwen pair with its draft worker) is in
 bench/NOTES.md.
@@ -105,6 +105,6 @@ def test_simulator_predicts_bench_serve_on_this_machine(smol_service, smollm_pat
             assert _log_ratio(cell["predicted"], cell["measured"]) < math.log(2.0), (mode, key, cell)
     assert pred["off"]["k_mean"] == 0 and pred["off"]["tau"] == 1.0
     # The k policy and the acceptance as the service ran them.
-    for key, bound in (("k_mean", 0.4), ("tau", 0.2)):
+    for key, bound in (("k_mean", 0.25), ("tau", 0.15)):
         cell = rows["auto"][key]
         assert abs(cell["error"]) < bound, (key, cell)

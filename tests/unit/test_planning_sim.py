@@ -287,3 +287,25 @@ def test_the_router_memory_carries_over_from_one_run_to_the_next():
     cold = simulate(deployment(steep), requests(8, 0.05, output=32))
     assert warm.summary["drafted"] == 0 < cold.summary["drafted"]
     assert warm.rebalance_actions.get("spec_off", 0) == 8
+
+
+def test_a_recorded_first_round_is_drawn_apart_from_the_later_rounds():
+    """Each request's first round (here: rejected at once, as an n-gram drafting from the prompt's
+    tail is) gets its own model; the other rounds are modelled without it."""
+    rows = [[4, 4, 0, 1], [4, 4, 4, 6]]
+    stats = DrafterStats("ngram", [RequestRounds(f"p{i}", 64, 32, "length", rows, first=[4, 4, 0]) for i in range(3)])
+    (model, *_) = acceptance_pool(stats)
+    assert model.first is not None and model.first.accept_p[0] < 0.3 < 0.9 < model.accept_p[0]
+    old = acceptance_pool(DrafterStats("ngram", [RequestRounds("p", 64, 32, "length", rows)]))[0]
+    assert old.first is None and 0.8 < old.accept_p[0] < 0.9  # not recorded: every round alike
+
+
+def test_the_simulated_telemetry_spreads_a_call_over_the_periods_it_runs_in():
+    from cluster.planning.sim_entities import SimClient, Worker
+
+    w = Worker()
+    target, draft = SimClient("t", "target", w, 8), SimClient("d", "draft", w, 8)
+    target.reserve(0.0, 3.5)
+    draft.reserve(0.0, 1.0)  # colocated: queues behind the target's call on the one worker
+    assert [round(target.busy_in(t, t + 1), 6) for t in range(5)] == [1.0, 1.0, 1.0, 0.5, 0.0]
+    assert draft.busy_in(3.0, 4.0) == pytest.approx(0.5) and draft.busy_in(4.0, 5.0) == pytest.approx(0.5)
