@@ -7,10 +7,10 @@ AUTO drafts with the router's n-gram drafter (no draft worker): its drafts depen
 text, so the service's k and tokens per round (tau) are the same run to run and what a policy drift
 would move can be held tighter than timings. The simulator draws acceptance from the profile's
 per-position rates (a request's first round apart), so with 4 requests one draw of k moves by
-+-30 %: the prediction is the mean of several draws. Timings get a factor of 2: on this shared 2-core machine they move with whatever runs
-between the profile and the run (seen under load: OFF 2.1x slower than predicted while AUTO, a
-minute earlier, was within 16 %). The full table (the Qwen pair with its draft worker) is in
-bench/NOTES.md.
++-30 %: the prediction is the mean of several draws. Timings get a factor of 2: on this shared
+2-core machine they move with whatever runs between the profile and the run (seen under load: OFF
+2.1x slower than predicted while AUTO, a minute earlier, was within 16 %). The full table (the Qwen
+pair with its draft worker) is in bench/NOTES.md.
 """
 
 from __future__ import annotations
