@@ -137,3 +137,23 @@ def test_guesses_keep_a_decode_forward_within_the_cheap_rows(draft_model):
     runner.forward = lambda slots, feeds, n: rows.append([len(f) for f in feeds]) or forward(slots, feeds, n)
     assert [d.tokens for d in drafter.propose(nxt)] == plain
     assert rows[0] == [4, 4]  # 2 to catch up + 2 guesses, not 3
+
+
+def test_the_draft_vocabulary_keeps_markup_past_its_size(smollm_path):
+    """The draft's lm_head subset: the first n ids, and past them every id that is only whitespace
+    and punctuation (a code fence ranked late by merge order, as Qwen2.5's "```" at 73594 is)."""
+    from transformers import AutoTokenizer
+
+    from specdec.core.build import frequency_ranked_vocab
+
+    tok = AutoTokenizer.from_pretrained(str(smollm_path))
+    fence = tok.encode("```python\n")[0]
+    assert tok.decode([fence]) == "```"
+    vocab = set(frequency_ranked_vocab(tok, fence))  # the fence is the first id past the n kept
+    assert set(range(fence)) <= vocab and fence in vocab
+    later = range(fence + 1, len(tok))
+    words = [i for i in later if tok.decode([i]).strip().isalpha()]
+    marks = [i for i in later if tok.decode([i]).strip() in ("))", "]]", "}}", ");", "\n\n\n")]
+    assert words and not vocab & set(words)  # words past n stay out
+    assert marks and set(marks) <= vocab
+    assert len(vocab) < 0.5 * len(tok)
