@@ -16,7 +16,8 @@ class DraftOptions:
 
     quant: str | None = "int8"  # weight-only int8 on CPU
     vocab: int | None = 32768  # lm_head over the first N ids (BPE ids are ranked by merge order,
-    #                            i.e. by frequency) plus every special token; None = full vocabulary
+    #                            i.e. by frequency), every special token and every later id that is
+    #                            only whitespace and punctuation (build.py); None = full vocabulary
     lookup: bool = True  # the draft model also checks prompt-lookup guesses (ModelDrafter's lookup)
 
 
@@ -33,7 +34,7 @@ def add_draft_option_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help=f"draft lm_head over the N most frequent ids + special tokens, 0 = full vocabulary "
+        help=f"draft lm_head over the N most frequent ids + special tokens + markup, 0 = full vocabulary "
         f"(default {defaults.vocab})",
     )
     parser.add_argument(
