@@ -121,13 +121,16 @@ def predict_bench(
 
 
 def _mean(dicts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The numbers averaged over ``dicts`` (same keys); anything else as in the first."""
+    """The numbers averaged over ``dicts`` (same keys; nested dicts too, e.g. the round split);
+    anything else as in the first."""
     if len(dicts) == 1:
         return dicts[0]
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in dicts[0].items():
         numbers = [d.get(key) for d in dicts]
-        if (
+        if isinstance(value, dict) and all(isinstance(v, dict) for v in numbers):
+            out[key] = _mean(numbers)
+        elif (
             isinstance(value, int | float)
             and not isinstance(value, bool)
             and all(isinstance(v, int | float) for v in numbers)

@@ -183,3 +183,24 @@ def test_a_short_budget_gives_a_coarse_profile_of_every_part(tiny_paths, prompts
     assert p.skipped  # the budget left parts of the grids out ...
     assert p.target_forward.batch and p.target_prefill.tokens  # ... never a part the simulator needs
     assert all(stats.requests for stats in p.drafters.values()) and set(p.drafters) == {"draft", "ngram"}
+
+
+def test_a_prediction_over_several_draws_is_the_mean_of_the_single_draws(tiny_profile):
+    from cluster.config import PoolConfig, ServeConfig
+    from cluster.planning.predict import Scenario, predict_bench
+    from router.config import RouterConfig
+
+    worker = {"model": "tiny", "dtype": "float32", "num_slots": 4, "max_len": 256, "threads": 1}
+    serve = ServeConfig(PoolConfig.from_dict(worker, "target"), None, RouterConfig(default_mode="ngram"))
+
+    def run(seed: int, draws: int) -> dict:
+        # closed loop: only the acceptance depends on the seed, not the arrivals
+        pred = predict_bench(tiny_profile, serve, [Scenario("closed", 2)], 6, 12, ("auto",), seed, draws=draws)
+        return pred["results"][0]["summary"]
+
+    single = [run(seed, 1) for seed in range(3)]
+    mean = run(0, 3)
+    for key in ("k_mean", "tau", "tpot_ms_p50", "throughput_tok_s"):
+        assert mean[key] == pytest.approx(sum(s[key] for s in single) / 3, abs=1e-3), key
+    assert len({s["k_mean"] for s in single}) > 1  # the draws differ: the mean is not one of them
+    assert mean["split"]["rounds"] == pytest.approx(sum(s["split"]["rounds"] for s in single) / 3)
