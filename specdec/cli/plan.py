@@ -55,8 +55,9 @@ def _quiet_router(args: argparse.Namespace) -> None:
 
 def _profile(args: argparse.Namespace) -> int:
     from cluster.config import load_config
+    from cluster.planning.calibration import overhead_from_bench
     from cluster.planning.profile import ProfileError
-    from cluster.planning.profiler import ProfileOptions, overhead_from_bench, take_profile
+    from cluster.planning.profiler import ProfileOptions, take_profile
     from specdec.core.build import IncompatibleModels
     from specdec.core.models import ModelLoadError
     from specdec.core.prompts import PromptSetError

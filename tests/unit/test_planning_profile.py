@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from cluster.planning.calibration import overhead_from_bench
 from cluster.planning.costs import ProfileCosts
 from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, RequestRounds
-from cluster.planning.profiler import ProfileOptions, overhead_from_bench, take_profile
+from cluster.planning.profiler import ProfileOptions, take_profile
 from specdec.cli.main import main
 
 
