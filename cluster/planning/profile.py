@@ -90,6 +90,15 @@ class RequestRounds:
     first: list[int] = field(default_factory=list)
 
 
+def merge_rounds(row_lists: list[list[list[int]]]) -> list[list[int]]:
+    """[k, drafted, accepted, count] rows of several requests merged into one such list."""
+    counts: dict[tuple[int, int, int], int] = {}
+    for rows in row_lists:
+        for k, d, a, n in rows:
+            counts[(k, d, a)] = counts.get((k, d, a), 0) + n
+    return [[k, d, a, n] for (k, d, a), n in sorted(counts.items())]
+
+
 @dataclass
 class DrafterStats:
     """Acceptance of one drafter on the profile's workload, and (model drafts) what a round's drafting cost."""
@@ -101,11 +110,7 @@ class DrafterStats:
 
     def pooled(self) -> list[list[int]]:
         """Every request's rounds, merged into [k, drafted, accepted, count] rows."""
-        counts: dict[tuple[int, int, int], int] = {}
-        for r in self.requests:
-            for k, d, a, n in r.rounds:
-                counts[(k, d, a)] = counts.get((k, d, a), 0) + n
-        return [[k, d, a, n] for (k, d, a), n in sorted(counts.items())]
+        return merge_rounds([r.rounds for r in self.requests])
 
     def summary(self) -> dict[str, float]:
         rows = self.pooled()

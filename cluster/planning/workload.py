@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.planning.profile import DrafterStats, Profile
+from cluster.planning.profile import DrafterStats, Profile, merge_rounds
 from specdec.bench.serve import poisson_arrivals
 
 __all__ = [
@@ -145,7 +145,7 @@ def _without(rows: list[list[int]], first: list[int]) -> list[list[int]]:
     """``rows`` less one round ``first`` ([k, drafted, accepted])."""
     out, left = [], bool(first)
     for k, d, a, n in rows:
-        if left and [k, d, a] == list(first[:3]):
+        if left and [k, d, a] == first:
             n, left = n - 1, False
         if n > 0:
             out.append([k, d, a, n])
@@ -163,11 +163,7 @@ def acceptance_pool(stats: DrafterStats) -> list[AcceptanceModel]:
         pooled = AcceptanceModel.from_rounds(stats.pooled())
         return [AcceptanceModel.from_rounds(r.rounds, prior=pooled) for r in stats.requests]
     rest = [_without(r.rounds, r.first) for r in stats.requests]
-    merged: dict[tuple[int, int, int], int] = {}
-    for rows in rest:
-        for k, d, a, n in rows:
-            merged[(k, d, a)] = merged.get((k, d, a), 0) + n
-    pooled = AcceptanceModel.from_rounds([[k, d, a, n] for (k, d, a), n in sorted(merged.items())])
+    pooled = AcceptanceModel.from_rounds(merge_rounds(rest))
     first = AcceptanceModel.from_rounds([[k, d, a, 1] for k, d, a in firsts], prior=pooled, weight=1.0)
     models = [AcceptanceModel.from_rounds(rows, prior=pooled) for rows in rest]
     for m in models:
