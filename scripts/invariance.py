@@ -2,7 +2,8 @@
 rest of the forward, and what the runner's invariant forward costs against the fast one.
 
     python scripts/invariance.py ops [--threads N] [--device cpu|cuda]
-    python scripts/invariance.py cost --model smollm2-135m-instruct|random:qwen2.5-1.5b [--dtype bfloat16] [--threads N]
+    python scripts/invariance.py cost --model smollm2-135m-instruct|random:qwen2.5-1.5b [--dtype bfloat16]
+        [--threads N] [--device cpu|cuda]
 
 `ops` prints, per op and dtype, the largest |difference| of one row's result between a reference
 shape (a 1-row GEMM, a 1-query attention over exactly its keys) and other shapes of the same call.
@@ -38,7 +39,7 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def probe_ops(device: str) -> list[dict]:
-    from specdec.core.attention import invariant_attention, padded_span, query_width
+    from specdec.core.attention import hidden_keys_bias, invariant_attention, padded_span, query_width
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *shape: torch.randn(*shape, generator=gen).to(device)  # noqa: E731
@@ -87,11 +88,15 @@ def probe_ops(device: str) -> list[dict]:
                     q[:1, :, :width],
                     keys[:1, :, : padded_span(p + width)],
                     vals[:1, :, : padded_span(p + width)],
-                    pos[None, :width],
+                    hidden_keys_bias(pos[None, :width], padded_span(p + width)),
                     d**-0.5,
                 )
                 big = invariant_attention(
-                    q[:, :, :12], keys[:, :, :1024], vals[:, :, :1024], torch.stack([pos[:12], pos[:12] + 200]), d**-0.5
+                    q[:, :, :12],
+                    keys[:, :, :1024],
+                    vals[:, :, :1024],
+                    hidden_keys_bias(torch.stack([pos[:12], pos[:12] + 200]), 1024),
+                    d**-0.5,
                 )
                 cases[f"invariant: 2 rows, T=12, span 1024 vs T={width}"] = big[:1, :, :1]
                 for c, out in cases.items():
@@ -129,12 +134,12 @@ def probe_ops(device: str) -> list[dict]:
     return rows
 
 
-def _load(model_spec: str, dtype: str):
+def _load(model_spec: str, dtype: str, device: str = "cpu"):
     """A model pack / hub id / folder, or `random:qwen2.5-1.5b` (random weights, that shape)."""
     from specdec.core.models import load_model, parse_dtype
 
     if not model_spec.startswith("random:"):
-        return load_model(model_spec, dtype=dtype).model
+        return load_model(model_spec, dtype=dtype, device=device).model
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     shapes = {
@@ -151,16 +156,18 @@ def _load(model_spec: str, dtype: str):
         use_sliding_window=False, tie_word_embeddings=False, **shapes[model_spec.removeprefix("random:")]
     )
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype)).eval()
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype)).eval()
 
 
-def time_cost(model_spec: str, dtype: str, context_len: int, repeat: int) -> dict:
+def time_cost(model_spec: str, dtype: str, context_len: int, repeat: int, device: str = "cpu") -> dict:
     """Median per-call ms of both forwards and the median of the paired ratios (invariant / fast,
     each pair run back to back), in wall and in CPU time (with one thread on a shared machine the
     CPU time is the steadier)."""
     from specdec.core.runner import ModelRunner
 
-    runner = ModelRunner(_load(model_spec, dtype), num_slots=8, max_len=context_len + 16)
+    runner = ModelRunner(_load(model_spec, dtype, device), num_slots=8, max_len=context_len + 16)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     context = list(range(100, 100 + context_len))
     slots = [runner.alloc_slot() for _ in range(8)]
     runner.forward(slots, [context] * 8, num_logits=0)
@@ -172,8 +179,10 @@ def time_cost(model_spec: str, dtype: str, context_len: int, repeat: int) -> dic
         }
         for i in range(repeat + 2):
             for invariant in (False, True):
+                sync()
                 w0, c0 = time.perf_counter(), time.process_time()
                 runner.forward(slots[:batch], [[7] * new] * batch, num_logits=new, invariant=invariant)
+                sync()
                 if i >= 2:  # warm-up
                     times[invariant, "wall"].append((time.perf_counter() - w0) * 1e3)
                     times[invariant, "cpu"].append((time.process_time() - c0) * 1e3)
@@ -204,7 +213,7 @@ def main() -> None:
         for row in probe_ops(args.device):
             print(f"{row['op']:10} {row['shape']:18} {row['dtype']:15} {row['case']:45} {row['diff']:.3g}")
     else:
-        result = time_cost(args.model, args.dtype, args.context, args.repeat)
+        result = time_cost(args.model, args.dtype, args.context, args.repeat, args.device)
         print(
             json.dumps(
                 dict(
@@ -212,6 +221,7 @@ def main() -> None:
                     dtype=args.dtype,
                     context=args.context,
                     threads=torch.get_num_threads(),
+                    device=args.device,
                     cases=result,
                 ),
                 indent=1,

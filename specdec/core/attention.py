@@ -27,6 +27,11 @@ KEY_BLOCK = 64
 # same way. bf16 (oneDNN): M = 1 one way, every M >= 2 the other (measured with 1 to 16 threads).
 MIN_GEMM_ROWS = 4  # float32, and the attention (whose GEMMs are float32 whatever the model dtype)
 MIN_BF16_GEMM_ROWS = 2
+# A CUDA GEMM (cuBLAS) picks its kernel, and with it how a row is rounded, by the whole shape: on an
+# H100, a bf16 row of Qwen2.5-1.5B's down projection rounds one way at M <= 88 and another beyond,
+# float32 rows change at M = 2, 9, 12, 17, ... (bench/NOTES.md "GPU check"). The invariant forward
+# runs each CUDA weight GEMM over blocks of exactly this many rows, so every row gets one kernel.
+CUDA_GEMM_BLOCK = 64
 
 
 def gemm_rows(rows: int, dtype: torch.dtype) -> int:

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec.core.attention import gemm_rows, hidden_keys_bias, invariant_attention, padded_span, query_width
+from specdec.core.attention import (
+    CUDA_GEMM_BLOCK,
+    gemm_rows,
+    hidden_keys_bias,
+    invariant_attention,
+    padded_span,
+    query_width,
+)
 from specdec.core.quant import Int8Weight, int8_supported, linear, quantize_int8
 
 log = logging.getLogger(__name__)
@@ -144,6 +151,8 @@ class ModelRunner:
         self.lm_head = model.lm_head.weight.detach()
         self.rotary = base.rotary_emb  # HF's own module: handles every RoPE scaling variant
         self.dtype, self.device = self.embed.dtype, self.embed.device
+        # Rows per weight GEMM in the invariant forward (None: one GEMM over all rows; see attention.py).
+        self.gemm_block: int | None = CUDA_GEMM_BLOCK if self.device.type == "cuda" else None
         self.vocab_ids: torch.Tensor | None = None
         if vocab_subset is not None:
             self.vocab_ids = torch.as_tensor(sorted(set(vocab_subset)), dtype=torch.long, device=self.device)
@@ -253,9 +262,9 @@ class ModelRunner:
         d = self.head_dim
         for i, w in enumerate(self.layers):
             h = self._rms(x, w.input_norm)
-            q = linear(h, w.q, w.q_bias).view(rows, -1, d)
-            k = linear(h, w.k, w.k_bias).view(rows, -1, d)
-            v = linear(h, w.v, w.v_bias).view(rows, -1, d)
+            q = self._linear(h, w.q, w.q_bias, invariant).view(rows, -1, d)
+            k = self._linear(h, w.k, w.k_bias, invariant).view(rows, -1, d)
+            v = self._linear(h, w.v, w.v_bias, invariant).view(rows, -1, d)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             self.k_cache[i][write_slot, :, positions[:n]] = k[:n]
@@ -263,15 +272,24 @@ class ModelRunner:
             attn = self._attention(i, q[:n], batch, bias)
             if rows > n:
                 attn = F.pad(attn, (0, 0, 0, rows - n))
-            x = x + self._reduce(linear(attn, w.o))
+            x = x + self._reduce(self._linear(attn, w.o, None, invariant))
             h = self._rms(x, w.post_norm)
-            act = _silu(linear(h, w.gate)) if invariant else F.silu(linear(h, w.gate))
-            x = x + self._reduce(linear(act * linear(h, w.up), w.down))
+            gate = self._linear(h, w.gate, None, invariant)
+            act = _silu(gate) if invariant else F.silu(gate)
+            x = x + self._reduce(self._linear(act * self._linear(h, w.up, None, invariant), w.down, None, invariant))
 
         for slot, row, start in zip(slots, tokens, batch.starts):
             self.lengths[slot] = start + len(row)
             self.slot_tokens[slot].extend(int(t) for t in row)
         return self._logits(x, batch, invariant)
+
+    def _linear(self, x: torch.Tensor, w, bias: torch.Tensor | None, invariant: bool) -> torch.Tensor:
+        """x [M, in] @ w; the invariant forward runs it in blocks of `gemm_block` rows where set."""
+        if not (invariant and self.gemm_block):
+            return linear(x, w, bias)
+        m, size = x.shape[0], self.gemm_block
+        x = F.pad(x, (0, 0, 0, -m % size))
+        return torch.cat([linear(block, w, bias) for block in x.split(size)])[:m]
 
     def _attention(self, layer: int, q: torch.Tensor, batch: _Batch, bias: torch.Tensor | None) -> torch.Tensor:
         """Attention of the packed queries q [n, H, D] over their rows' caches; returns [n, H*D].
@@ -301,7 +319,7 @@ class ModelRunner:
         h = x[torch.tensor(picked, device=self.device)]
         if invariant:
             h = F.pad(h, (0, 0, 0, gemm_rows(len(picked), self.dtype) - len(picked)))
-        logits = linear(self._rms(h, self.final_norm), self.lm_head)
+        logits = self._linear(self._rms(h, self.final_norm), self.lm_head, None, invariant)
         if self.gather_logits is not None:
             logits = self.gather_logits(logits)
         logits = logits[: len(picked)].float()

@@ -227,3 +227,22 @@ def test_speculation_is_lossless_in_bf16_qwen_pair():
     # The production draft: int8 weights, a vocabulary subset, prompt-lookup guesses.
     drafters = {"model": lambda: make_model_drafter(draft, len(prompts), 512), "ngram": NgramProposer}
     assert_speculation_changes_nothing(target.model, target.tokenizer, drafters, prompts, 64, target.eos_token_ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_weight_gemms_in_row_blocks_give_the_same_logits(tiny_paths, dtype):
+    """The CUDA rule (runner.gemm_block, attention.py CUDA_GEMM_BLOCK: every weight GEMM over blocks
+    of exactly N rows) only regroups rows: on the CPU, whose rule it keeps, logits stay bitwise the
+    same. Blocks of 8 rows split this 19-token batch into 3, the last one padded."""
+    model = load_hf(tiny_paths["qwen2"], dtype=dtype)
+    gen = random.Random(3)
+    rows = [[gen.randrange(model.config.vocab_size) for _ in range(n)] for n in (1, 5, 13)]
+    out = {}
+    for block in (None, 8):
+        runner = ModelRunner(model, num_slots=3, max_len=MAX_LEN)
+        runner.gemm_block = block
+        slots = [runner.alloc_slot() for _ in rows]
+        runner.forward(slots, [[7, 8, 9]] * 3, num_logits=0)
+        out[block] = runner.forward(slots, rows, num_logits=[1, 5, 13])
+    for got, want in zip(out[8], out[None]):
+        assert torch.equal(got, want)

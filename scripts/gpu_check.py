@@ -1,0 +1,294 @@
+"""The checks that need a GPU, in one run (bench/NOTES.md "GPU check"): what a lent H100/H200
+session runs, since CI and the development machines have none.
+
+    python scripts/gpu_check.py [--out gpu_check.json] [--device cuda] [--quick]
+
+1. telemetry: the worker's TelemetrySampler on the real NVML (nvidia-ml-py), idle, under a large
+   bf16 GEMM loop and under a loop of tiny kernels (the "utilization" pitfall: both read busy, only
+   GPM's sm_active tells them apart).
+2. gemm classes: for the Qwen2.5-1.5B projections, which row counts M give row 0 bitwise the same
+   result (bf16, float32): the GPU counterpart of the CPU rule in specdec/core/attention.py.
+3. ops: scripts/invariance.py's op probe on this device.
+4. invariance: tests/unit/test_invariance.py's property (a row's logits do not depend on the rest of
+   the forward) on tiny models and on a 2-layer Qwen2.5-1.5B-shaped random model, on this device.
+5. lossless: the engine's speculative greedy and seeded output against k = 0, tiny pair, bf16.
+6. bigbatch: a decode beside 15 rows of 8-token verifies (121 GEMM rows) against the same token
+   decoded alone, with the runner's CUDA GEMM blocks and without (one GEMM over all rows).
+7. cost: the invariant forward against the fast one, random Qwen2.5-1.5B (28 layers), bf16.
+
+Each part runs on its own; a failure is recorded (with its traceback) and the next part runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def telemetry(device: str) -> dict:
+    from specdec.rpc.telemetry import TelemetryConfig, TelemetrySampler, WorkerMeter
+
+    meter = WorkerMeter()
+    sampler = TelemetrySampler(device, meter, TelemetryConfig(period_s=1.0))
+    out = {"source": "nvml" if sampler.gpu is not None else "process", "phases": {}}
+    n = 8192 if device.startswith("cuda") else 256  # a GPU-sized GEMM would take minutes on a CPU
+    big = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    tiny = torch.zeros(1, device=device)
+
+    def phase(name: str, work, seconds: float) -> None:
+        sampler.sample()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if work is not None:
+                with meter.compute(steps=0):
+                    work()
+            else:
+                time.sleep(0.05)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        s = sampler.sample()
+        out["phases"][name] = {k: v for k, v in vars(s).items() if v not in (None, [], "")}
+
+    phase("idle", None, 2.0)
+    phase("bf16 GEMM loop", lambda: big @ big, 3.0)
+    phase("tiny kernels loop", lambda: tiny.add_(1), 3.0)
+    sampler.stop()
+    return out
+
+
+def gemm_classes(device: str) -> dict:
+    """{dtype: {shape: "1:c0 2-16:c1 ..."}}: runs of M and the class of row 0's result (M in one
+    class give row 0 bitwise the same numbers)."""
+    shapes = dict(
+        _script("invariance").LINEAR_SHAPES, **{"qwen1.5b k": (256, 1536), "qwen1.5b lm_head": (151936, 1536)}
+    )
+    gen = torch.Generator().manual_seed(0)
+    out: dict = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        per = out.setdefault(str(dtype), {})
+        for name, (n, k) in shapes.items():
+            if not name.startswith("qwen"):
+                continue
+            w = (torch.randn(n, k, generator=gen) * 0.05).to(device, dtype)
+            x = torch.randn(512, k, generator=gen).to(device, dtype)
+            seen: dict[bytes, int] = {}
+            classes = []
+            for m in list(range(1, 129)) + [160, 192, 256, 384, 512] if device.startswith("cuda") else [1, 2, 4, 8]:
+                key = F.linear(x[:m], w)[0].float().cpu().numpy().tobytes()
+                cls = seen.setdefault(key, len(seen))
+                if classes and classes[-1][2] == cls:
+                    classes[-1][1] = m
+                else:
+                    classes.append([m, m, cls])
+            per[name] = " ".join(f"{a}-{b}:c{c}" if a != b else f"{a}:c{c}" for a, b, c in classes)
+    return out
+
+
+def ops(device: str) -> list[dict]:
+    return _script("invariance").probe_ops(device)
+
+
+def _tiny(root: Path) -> dict[str, Path]:
+    from specdec.core.tiny import make_tiny_draft, make_tiny_model
+
+    paths = {arch: make_tiny_model(root / arch, arch=arch, seed=i) for i, arch in enumerate(("llama", "qwen2"))}
+    paths["llama-draft"] = make_tiny_draft(paths["llama"], root / "llama-draft")
+    return paths
+
+
+def invariance(device: str, root: Path, examples: int, only: str) -> dict:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from tests.unit import test_invariance as t
+
+    paths = _tiny(root)
+    out = {}
+    models = {}
+    for arch in ("llama", "qwen2"):
+        for dtype in (torch.bfloat16, torch.float32):
+            models[f"tiny {arch} {str(dtype)[6:]}"] = lambda a=arch, d=dtype: (
+                AutoModelForCausalLM.from_pretrained(paths[a], dtype=d).to(device).eval()
+            )
+    for dtype in (torch.bfloat16, torch.float32):
+        config = Qwen2Config(
+            use_sliding_window=False,
+            tie_word_embeddings=False,
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=2,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            vocab_size=151936,
+        )
+
+        def qwen(config=config, dtype=dtype):
+            torch.manual_seed(0)
+            with torch.device(device):
+                return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+        models[f"qwen1.5b-shape 2 layers {str(dtype)[6:]}"] = qwen
+    for name, make in models.items():
+        if only not in name:
+            continue
+        model = make()
+        seq = [random.Random(0).randrange(model.config.vocab_size) for _ in range(32)]
+        row = {}
+        for invariant in (True, False):
+            case = t.Case(name, model, seq, t._decode_one_by_one(model, seq, invariant), examples=examples)
+            try:
+                if invariant:
+                    t._check_property(case, case.examples)
+                else:
+                    _fast_property(case)
+                row["invariant" if invariant else "fast"] = "equal in every example"
+            except AssertionError as exc:
+                row["invariant" if invariant else "fast"] = "DIFFERS: " + str(exc).splitlines()[0][:300]
+        out[name] = row
+        del model
+    return out
+
+
+def _fast_property(case) -> None:
+    """The property on the fast forward (SDPA, unpadded GEMMs): expected to fail, which shows the
+    comparison can fail on this device."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from tests.unit import test_invariance as t
+
+    @settings(max_examples=case.examples, deadline=None, database=None, derandomize=True)
+    @given(st.data())
+    def fast(data):
+        t._feed_in_chunks(case, data.draw, invariant=False)
+
+    fast()
+
+
+def lossless(device: str, root: Path) -> dict:
+    from specdec.core.drafters import ModelDrafter, NgramProposer
+    from specdec.core.runner import ModelRunner
+    from tests.unit import test_invariance as t
+
+    paths = _tiny(root)
+    load = lambda p: t.load_hf(p, dtype=torch.bfloat16).to(device)  # noqa: E731
+    target, draft = load(paths["llama"]), load(paths["llama-draft"])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(paths["llama"])
+    prompts = [tok.encode(s) for s in ("def add(a, b):", "The quick brown fox", "1, 2, 3, 4,", "hello hello")]
+    drafters = {
+        "model": lambda: ModelDrafter(ModelRunner(draft, num_slots=4, max_len=256, invariant_numerics=False)),
+        "ngram": NgramProposer,
+    }
+    try:
+        t.assert_speculation_changes_nothing(target, tok, drafters, prompts, 40, {tok.eos_token_id})
+        return {"result": "token-identical (greedy: model k=4, ngram k=3, adaptive k; seeded: model, ngram)"}
+    except AssertionError as exc:
+        return {"result": "DIFFERS: " + str(exc)[:500]}
+
+
+def big_batch(device: str) -> dict:
+    """A decode beside 15 rows verifying 8 tokens each (121 GEMM rows, past the bf16 down
+    projection's 88) against the same token decoded alone, with and without the runner's GEMM
+    blocks: {dtype: {"blocks of N rows" | "one GEMM": "equal" | "DIFFERS ..."}}."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from specdec.core.runner import ModelRunner
+
+    config = Qwen2Config(
+        use_sliding_window=False,
+        tie_word_embeddings=False,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=2,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    )
+    out: dict = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        gen = random.Random(0)
+        seq = [gen.randrange(config.vocab_size) for _ in range(12)]
+        others = [[gen.randrange(config.vocab_size) for _ in range(20)] for _ in range(15)]
+        row = {}
+        for blocks in (True, False):
+            runner = ModelRunner(model, num_slots=16, max_len=64)
+            if not blocks:
+                runner.gemm_block = None
+            me, *rest = [runner.alloc_slot() for _ in range(16)]
+            alone = [runner.forward([me], [[t]])[0] for t in seq]
+            runner.rollback(me, 11)
+            runner.forward(rest, [o[:12] for o in others], num_logits=0)
+            beside = runner.forward([me, *rest], [[seq[11]], *[o[12:20] for o in others]], num_logits=[1] + [8] * 15)
+            diff = (beside[0] - alone[11]).abs().max().item()
+            key = f"blocks of {runner.gemm_block} rows" if blocks else "one GEMM"
+            row[key] = "equal" if torch.equal(beside[0], alone[11]) else f"DIFFERS: max |diff| {diff:.3g}"
+        out[str(dtype)] = row
+        del model
+    return out
+
+
+def cost(device: str, quick: bool) -> dict:
+    return _script("invariance").time_cost("random:qwen2.5-1.5b", "bfloat16", 256, 5 if quick else 20, device)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", default="gpu_check.json")
+    p.add_argument("--quick", action="store_true", help="fewer examples and repeats")
+    p.add_argument("--examples", type=int, default=10, help="invariance: hypothesis examples per model")
+    p.add_argument("--only", default="", help="invariance: only the models whose name holds this")
+    p.add_argument("--parts", default="telemetry,gemm,ops,invariance,lossless,bigbatch,cost")
+    args = p.parse_args()
+    report: dict = {"device": args.device, "torch": torch.__version__}
+    if args.device.startswith("cuda"):
+        report["gpu"] = torch.cuda.get_device_name(0)
+    root = Path(tempfile.mkdtemp(prefix="gpu_check."))
+    parts = {
+        "telemetry": lambda: telemetry(args.device),
+        "gemm": lambda: gemm_classes(args.device),
+        "ops": lambda: ops(args.device),
+        "invariance": lambda: invariance(args.device, root / "inv", 3 if args.quick else args.examples, args.only),
+        "lossless": lambda: lossless(args.device, root / "e2e"),
+        "bigbatch": lambda: big_batch(args.device),
+        "cost": lambda: cost(args.device, args.quick),
+    }
+    for name in args.parts.split(","):
+        t0 = time.monotonic()
+        try:
+            report[name] = parts[name]()
+        except Exception:  # noqa: BLE001 - one part's failure must not hide the others'
+            report[name] = {"error": traceback.format_exc()[-3000:]}
+        print(
+            f"== {name} ({time.monotonic() - t0:.1f} s)\n{json.dumps(report[name], indent=1, default=str)[:6000]}",
+            flush=True,
+        )
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
