@@ -251,6 +251,41 @@ def big_batch(device: str) -> dict:
     return out
 
 
+def block_cost(device: str, quick: bool) -> dict:
+    """Median ms per call of the invariant forward with the GEMM blocks and without, and of the
+    fast forward, interleaved call by call (random Qwen2.5-1.5B, 28 layers, bf16, context 256)."""
+    import statistics
+
+    from specdec.core.runner import ModelRunner
+
+    runner = ModelRunner(_script("invariance")._load("random:qwen2.5-1.5b", "bfloat16", device), 8, 272)
+    block = runner.gemm_block or 64
+    slots = [runner.alloc_slot() for _ in range(8)]
+    runner.forward(slots, [[i % 200 for i in range(256)]] * 8, num_logits=0)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    variants = {
+        "fast": (False, None),
+        f"invariant, blocks of {block}": (True, block),
+        "invariant, one GEMM": (True, None),
+    }
+    out = {}
+    for name, (batch, new) in {"decode b=1": (1, 1), "decode b=8": (8, 1), "verify 6 b=8": (8, 6)}.items():
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        for i in range((5 if quick else 20) + 2):
+            for v, (invariant, gemm_block) in variants.items():
+                runner.gemm_block = gemm_block
+                sync()
+                t0 = time.perf_counter()
+                runner.forward(slots[:batch], [[7] * new] * batch, num_logits=new, invariant=invariant)
+                sync()
+                if i >= 2:
+                    times[v].append((time.perf_counter() - t0) * 1e3)
+                for s in slots[:batch]:
+                    runner.rollback(s, 256)
+        out[name] = {v: round(statistics.median(t), 2) for v, t in times.items()}
+    return out
+
+
 def cost(device: str, quick: bool) -> dict:
     return _script("invariance").time_cost("random:qwen2.5-1.5b", "bfloat16", 256, 5 if quick else 20, device)
 
@@ -276,6 +311,7 @@ def main() -> None:
         "lossless": lambda: lossless(args.device, root / "e2e"),
         "bigbatch": lambda: big_batch(args.device),
         "cost": lambda: cost(args.device, args.quick),
+        "blockcost": lambda: block_cost(args.device, args.quick),
     }
     for name in args.parts.split(","):
         t0 = time.monotonic()

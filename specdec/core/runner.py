@@ -289,6 +289,8 @@ class ModelRunner:
             return linear(x, w, bias)
         m, size = x.shape[0], self.gemm_block
         x = F.pad(x, (0, 0, 0, -m % size))
+        if m <= size:  # one block (every decode step of up to `size` tokens): no concatenation
+            return linear(x, w, bias)[:m]
         return torch.cat([linear(block, w, bias) for block in x.split(size)])[:m]
 
     def _attention(self, layer: int, q: torch.Tensor, batch: _Batch, bias: torch.Tensor | None) -> torch.Tensor:

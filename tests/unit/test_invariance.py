@@ -233,16 +233,17 @@ def test_speculation_is_lossless_in_bf16_qwen_pair():
 def test_weight_gemms_in_row_blocks_give_the_same_logits(tiny_paths, dtype):
     """The CUDA rule (runner.gemm_block, attention.py CUDA_GEMM_BLOCK: every weight GEMM over blocks
     of exactly N rows) only regroups rows: on the CPU, whose rule it keeps, logits stay bitwise the
-    same. Blocks of 8 rows split this 19-token batch into 3, the last one padded."""
+    same. Blocks of 8 rows split this 19-token batch into 3, the last one padded; 32 is one padded block."""
     model = load_hf(tiny_paths["qwen2"], dtype=dtype)
     gen = random.Random(3)
     rows = [[gen.randrange(model.config.vocab_size) for _ in range(n)] for n in (1, 5, 13)]
     out = {}
-    for block in (None, 8):
+    for block in (None, 8, 32):
         runner = ModelRunner(model, num_slots=3, max_len=MAX_LEN)
         runner.gemm_block = block
         slots = [runner.alloc_slot() for _ in rows]
         runner.forward(slots, [[7, 8, 9]] * 3, num_logits=0)
         out[block] = runner.forward(slots, rows, num_logits=[1, 5, 13])
-    for got, want in zip(out[8], out[None]):
-        assert torch.equal(got, want)
+    for block in (8, 32):
+        for got, want in zip(out[block], out[None]):
+            assert torch.equal(got, want), f"blocks of {block}"
