@@ -38,6 +38,10 @@ def scrape(url: str | None) -> dict[str, float] | None:
 
 
 def phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | None:
+    """The split of the scheduler's rounds between two scrapes. Its ``rounds`` are batch rounds
+    (one Verify for every request in the batch), and every ``*_per_round`` and
+    ``drafted_per_round`` figure is per batch round. A summary's own ``rounds`` count
+    request-rounds, so their ratio is the mean batch (cluster/planning/calibration.py reads it so)."""
     if before is None or after is None:
         return None
 
