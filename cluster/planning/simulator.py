@@ -274,7 +274,9 @@ class _Sim:
         draft_wait = self.now - t0
         self.drafting.launch_predraft(g, batch, ks, drafted, g.balance.predraft)
         router = c.router_s(len(batch))
-        width = max(d + 1 for d in drafted)
+        # The target's GEMMs run over the rows' tokens packed (runner.forward), so a round costs what
+        # the profile's uniform rows of the mean width cost, not the widest row times the batch.
+        width = sum(d + 1 for d in drafted) / len(batch)
         context = max(len(j.state.tokens) for j in batch)
         _, end = g.target.reserve(self.now + router, c.verify_rpc_s + c.verify_s(len(batch), width, context))
         t1 = self.now + router
