@@ -44,6 +44,21 @@ def _progress(msg: str) -> None:
     print(f"... {msg}", file=sys.stderr, flush=True)
 
 
+def _note_thin(profile) -> None:
+    """A profile whose time budget left parts out rests on fewer measurements (one pass over a
+    grid, a prefill curve of one point): say so before its figures are read."""
+    if profile is not None and profile.skipped:
+        shown = "; ".join(profile.skipped[:3]) + (
+            f"; and {len(profile.skipped) - 3} more" if len(profile.skipped) > 3 else ""
+        )
+        print(
+            f"note: the profile's time budget ({profile.budget_s:.0f} s) left out {len(profile.skipped)} "
+            f"part(s): {shown}. Its costs rest on fewer measurements; a larger `specdec profile "
+            "--budget-s` measures them.",
+            file=sys.stderr,
+        )
+
+
 def _quiet_router(args: argparse.Namespace) -> None:
     """The simulated router's own log lines (each draft move, depth change...) only with -v."""
     if not getattr(args, "verbose", False):
@@ -139,6 +154,7 @@ def _simulate(args: argparse.Namespace) -> int:
     _quiet_router(args)
     try:
         profile = Profile.load(args.profile)
+        _note_thin(profile)
         serve = load_config(args.config)
         measured = json.loads(Path(args.compare).read_text()) if args.compare else None
     except (OSError, ValueError) as exc:
@@ -207,6 +223,7 @@ def _plan(args: argparse.Namespace) -> int:
         catalog = load_catalog(args.catalog)
         router = load_config(args.config or DEFAULT_CONFIG.with_name("cluster.yaml")).router
         profile = Profile.load(args.profile) if args.profile else None
+        _note_thin(profile)
         acceptance: dict[str, list[AcceptanceModel]] = {}
         if args.acceptance is not None:
             acceptance["draft"] = [AcceptanceModel.iid(args.acceptance)]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -164,6 +165,13 @@ def test_simulate_command_predicts_and_compares(tiny_profile, tmp_path, capsys):
     assert "predicted vs measured" in text and "(+0%)" in text  # the same run, so no error
     assert main(["simulate", "--profile", str(tmp_path / "missing.json"), "--rate", "1"]) == 2
     assert "no such profile" in capsys.readouterr().err
+    # a profile its budget cut short is named as such; a complete one is not
+    assert "time budget" not in capsys.readouterr().err
+    thin = dataclasses.replace(tiny_profile, skipped=[f"target prefill of {n} tokens" for n in (64, 128, 256, 512)])
+    assert main(["simulate", "--profile", str(thin.save(tmp_path / "thin.json")), "--rate", "1", "--requests", "2",
+                 "--max-tokens", "4"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "left out 4 part(s): target prefill of 64 tokens;" in err and "and 1 more" in err
 
 
 def test_a_short_budget_gives_a_coarse_profile_of_every_part(tiny_paths, prompts_file):
