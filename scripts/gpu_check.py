@@ -117,8 +117,6 @@ def _tiny(root: Path) -> dict[str, Path]:
 
 
 def invariance(device: str, root: Path, examples: int, only: str) -> dict:
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
     from tests.unit import test_invariance as t
 
     paths = _tiny(root)
@@ -126,27 +124,10 @@ def invariance(device: str, root: Path, examples: int, only: str) -> dict:
     models = {}
     for arch in ("llama", "qwen2"):
         for dtype in (torch.bfloat16, torch.float32):
-            models[f"tiny {arch} {str(dtype)[6:]}"] = lambda a=arch, d=dtype: (
-                AutoModelForCausalLM.from_pretrained(paths[a], dtype=d).to(device).eval()
-            )
+            models[f"tiny {arch} {str(dtype)[6:]}"] = lambda a=arch, d=dtype: t.load_hf(paths[a], d).to(device)
+    load = _script("invariance")._load
     for dtype in (torch.bfloat16, torch.float32):
-        config = Qwen2Config(
-            use_sliding_window=False,
-            tie_word_embeddings=False,
-            hidden_size=1536,
-            intermediate_size=8960,
-            num_hidden_layers=2,
-            num_attention_heads=12,
-            num_key_value_heads=2,
-            vocab_size=151936,
-        )
-
-        def qwen(config=config, dtype=dtype):
-            torch.manual_seed(0)
-            with torch.device(device):
-                return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-
-        models[f"qwen1.5b-shape 2 layers {str(dtype)[6:]}"] = qwen
+        models[f"qwen1.5b-shape 2 layers {str(dtype)[6:]}"] = lambda d=dtype: load("random:qwen2.5-1.5b", d, device, 2)
     for name, make in models.items():
         if only not in name:
             continue
@@ -211,25 +192,13 @@ def big_batch(device: str) -> dict:
     """A decode beside 15 rows verifying 8 tokens each (121 GEMM rows, past the bf16 down
     projection's 88) against the same token decoded alone, with and without the runner's GEMM
     blocks: {dtype: {"blocks of N rows" | "one GEMM": "equal" | "DIFFERS ..."}}."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
     from specdec.core.runner import ModelRunner
 
-    config = Qwen2Config(
-        use_sliding_window=False,
-        tie_word_embeddings=False,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=2,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        vocab_size=151936,
-    )
     out: dict = {}
     for dtype in (torch.bfloat16, torch.float32):
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        model = _script("invariance")._load("random:qwen2.5-1.5b", dtype, device, layers=2)
+        config = model.config
         gen = random.Random(0)
         seq = [gen.randrange(config.vocab_size) for _ in range(12)]
         others = [[gen.randrange(config.vocab_size) for _ in range(20)] for _ in range(15)]
@@ -244,7 +213,11 @@ def big_batch(device: str) -> dict:
             runner.forward(rest, [o[:12] for o in others], num_logits=0)
             beside = runner.forward([me, *rest], [[seq[11]], *[o[12:20] for o in others]], num_logits=[1] + [8] * 15)
             diff = (beside[0] - alone[11]).abs().max().item()
-            key = f"blocks of {runner.gemm_block} rows" if blocks else "one GEMM"
+            key = (
+                (f"blocks of {runner.gemm_block} rows" if runner.gemm_block else "runner, no blocks here")
+                if blocks
+                else "one GEMM"
+            )
             row[key] = "equal" if torch.equal(beside[0], alone[11]) else f"DIFFERS: max |diff| {diff:.3g}"
         out[str(dtype)] = row
         del model

@@ -134,8 +134,9 @@ def probe_ops(device: str) -> list[dict]:
     return rows
 
 
-def _load(model_spec: str, dtype: str, device: str = "cpu"):
-    """A model pack / hub id / folder, or `random:qwen2.5-1.5b` (random weights, that shape)."""
+def _load(model_spec: str, dtype, device: str = "cpu", layers: int | None = None):
+    """A model pack / hub id / folder, or `random:qwen2.5-1.5b` (random weights, that shape;
+    ``layers``: only that many of its layers)."""
     from specdec.core.models import load_model, parse_dtype
 
     if not model_spec.startswith("random:"):
@@ -152,9 +153,8 @@ def _load(model_spec: str, dtype: str, device: str = "cpu"):
             vocab_size=151936,
         )
     }
-    config = Qwen2Config(
-        use_sliding_window=False, tie_word_embeddings=False, **shapes[model_spec.removeprefix("random:")]
-    )
+    shape = shapes[model_spec.removeprefix("random:")] | ({"num_hidden_layers": layers} if layers else {})
+    config = Qwen2Config(use_sliding_window=False, tie_word_embeddings=False, **shape)
     torch.manual_seed(0)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype)).eval()
