@@ -198,8 +198,6 @@ def _until(stop: threading.Event, router, opts: SkewOptions) -> None:
 
 
 def run_skew_bench(opts: SkewOptions, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    import ray
-
     from cluster.launch import launch
 
     progress = progress or (lambda msg: None)
@@ -208,6 +206,8 @@ def run_skew_bench(opts: SkewOptions, progress: Callable[[str], None] | None = N
         cfg = _serve_config(opts, target, draft)
         progress("starting 2 target and 2 draft workers")
         dep = launch(cfg, connect_timeout=600)
+        import ray  # only now: Ray reads RAY_AUTH_MODE at import, and launch sets it (token auth)
+
         try:
             bindings = dep.router.router.bindings
             static = _router(bindings, cfg, enabled=False)

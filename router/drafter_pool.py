@@ -66,7 +66,7 @@ class _Drafter:
     calls: int = 0  # calls in the current fit
     restarts: int = 0  # the client's restart count when last measured
     running: dict[int, tuple[float, int]] = field(default_factory=dict)  # call -> (start, draft steps)
-    jobs: set[str] = field(default_factory=set)  # keys of the requests drafting here
+    jobs: dict[str, str | None] = field(default_factory=dict)  # requests drafting here -> their target
     late: asyncio.Task | None = None  # a Propose that missed its round's deadline, still running
     queue: list[_Waiter] = field(default_factory=list)  # Proposes waiting to be sent (coalesced)
     sender: asyncio.Task | None = None
@@ -240,7 +240,7 @@ class DrafterPool:
         d = self._d.get(name)
         return d is not None and d.late is not None and not d.late.done()
 
-    def view(self, d: _Drafter, now: float) -> DrafterView:
+    def view(self, d: _Drafter, now: float, target: str | None = None) -> DrafterView:
         if d.client.restarts != d.restarts:  # a new process: what was measured is of the old one
             d.restarts = d.client.restarts
             d.step_s, d.fixed_s, d.measured_at, d.calls, d.surprises = None, 0.0, -math.inf, 0, 0
@@ -262,31 +262,34 @@ class DrafterPool:
             load=tel.load if tel is not None else None,
             jobs=len(d.jobs),
             slots=slots,
+            mates=sum(t == target for t in d.jobs.values()) if target is not None else 0,
         )
 
-    def views(self, now: float | None = None) -> list[DrafterView]:
+    def views(self, now: float | None = None, target: str | None = None) -> list[DrafterView]:
+        """Every drafter as the policy sees it (``target``: whose request asks, for ``mates``)."""
         now = self.clock() if now is None else now
-        return [self.view(d, now) for d in self._d.values()]
+        return [self.view(d, now, target) for d in self._d.values()]
 
     # ---- assignment ----------------------------------------------------------------------------
-    def assign(self, job: Job, home: str | None) -> str | None:
+    def assign(self, job: Job, home: str | None, target: str | None = None) -> str | None:
         """The drafter for ``job``'s next drafts (None: fail open); moves it when the policy says so.
-        Returns the drafter it left in ``job.moved_from`` (its slot there can be released)."""
+        Returns the drafter it left in ``job.moved_from`` (its slot there can be released).
+        ``target``: the target it runs on (placement keeps a target's requests together)."""
         job.moved_from = None
         if not self.policy.enabled:  # static pairing
             d = self._d.get(home) if home is not None else None
             if d is None or not d.client.up:
                 return None
             if job.drafter != home:
-                self._place(job, d, self.clock())
+                self._place(job, d, target)
             return home
         now = self.clock()
-        a = assign_drafter(job.drafter, self.views(now), moved_at=job.drafter_at, now=now, cfg=self.policy)
+        a = assign_drafter(job.drafter, self.views(now, target), moved_at=job.drafter_at, now=now, cfg=self.policy)
         if a.drafter is None or a.drafter == job.drafter:
             d = self._d.get(job.drafter) if job.drafter is not None else None
             return job.drafter if d is not None and d.client.up else None
         old = job.drafter
-        self._place(job, self._d[a.drafter], now)
+        self._place(job, self._d[a.drafter], target)
         if a.action in ("move", "failover"):
             job.moved_from, job.drafter_at = old, now
             action = "draft_move" if a.action == "move" else "draft_failover"
@@ -294,14 +297,14 @@ class DrafterPool:
             log.info("%s: %s %s -> %s (%s)", action, job.key, old, a.drafter, a.reason)
         return a.drafter
 
-    def _place(self, job: Job, d: _Drafter, now: float) -> None:
+    def _place(self, job: Job, d: _Drafter, target: str | None) -> None:
         old = self._d.get(job.drafter) if job.drafter is not None else None
         if old is not None:
-            old.jobs.discard(job.key)
-        d.jobs.add(job.key)
+            old.jobs.pop(job.key, None)
+        d.jobs[job.key] = target
         job.drafter = d.client.name
 
     def forget(self, job: Job) -> None:
         """The job ended: it no longer counts against any drafter."""
         for d in self._d.values():
-            d.jobs.discard(job.key)
+            d.jobs.pop(job.key, None)

@@ -52,7 +52,9 @@ class DraftSource:
         vocab_size: int,
         max_context: int,
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
+        name: str | None = None,
     ):
+        self.name = name  # the target's: the pool keeps a target's requests on one drafter
         self.pool = pool
         self.home = home
         self.cfg = config
@@ -79,7 +81,7 @@ class DraftSource:
 
     def _assign(self, job: Job, pd: PreDraft | None = None) -> str | None:
         assert self.pool is not None
-        name = self.pool.assign(job, self.home)
+        name = self.pool.assign(job, self.home, self.name)
         if job.moved_from is not None:  # free the slot it left (again at the end: a late call may re-create it)
             self.spawn(self._release_on(job.moved_from, [job.key], pd or job.predraft))
         return name

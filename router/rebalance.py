@@ -11,9 +11,10 @@ one (``specdec_rebalance_actions_total{action}``).
 Actions:
 
 * Draft assignment (:func:`assign_drafter`): drafters are one pool shared by every target. A new
-  request goes to the drafter with the most headroom (:func:`placement_cost`: measured seconds per
-  draft step, a call in flight, device load, KV occupancy) among those a move would not take it
-  away from at once; a request stays on its drafter (its KV cache is there) unless that drafter is
+  request goes where its target's other requests draft, else to an idle drafter, else to a
+  shared one (a round waits for every drafter its requests use), and among those to the one with
+  the most headroom (:func:`placement_cost`: measured seconds per draft step, a call in flight,
+  device load, KV occupancy); only drafters a move would not take it away from at once count; a request stays on its drafter (its KV cache is there) unless that drafter is
   down (``failover``) or its measured cost is ``move_margin`` times the best one's
   (``draft_move``), at most once per ``move_cooldown_s`` after a move.
 * Depth by device load (:func:`plan_depth`, :func:`depth_plan`): an underused target (low load,
@@ -161,6 +162,7 @@ class DrafterView:
     in_flight: Propose calls queued or running on it now (from every target).
     load: device load share from telemetry (DeviceSample.load), None = unknown.
     jobs / slots: requests it drafts for, and its KV slots (None = unbounded, e.g. n-gram).
+    mates: of ``jobs``, those on the same target as the request being placed.
     """
 
     name: str
@@ -172,6 +174,7 @@ class DrafterView:
     load: float | None = None
     jobs: int = 0
     slots: int | None = None
+    mates: int = 0
 
     @property
     def has_room(self) -> bool:
@@ -270,6 +273,18 @@ def move_cost(d: DrafterView, cfg: RebalanceConfig, within_s: float | None = Non
     return max(d.per_step_s, 1e-6) * _load_factor(d, cfg)
 
 
+def _sharing(d: DrafterView) -> int:
+    """Placement's first key: a drafter that drafts only for the request's own target (0), an
+    idle one (1), one shared with other targets (2), one that drafts only for others (3). A
+    round waits for the slowest of the drafters its requests use, so a target whose requests
+    spread over two drafters waits for both, each busy with other targets' rounds too (the
+    rebalancer then lost 17 % to static pairing with equal drafters: bench/NOTES.md)."""
+    others = d.jobs - d.mates
+    if d.mates:
+        return 0 if not others else 2
+    return 1 if not others else 3
+
+
 def assign_drafter(
     current: str | None,
     drafters: Sequence[DrafterView],
@@ -297,9 +312,9 @@ def assign_drafter(
         measured = [c for c in costs.values() if c is not None]
         limit = cfg.move_margin * min(measured) if measured else math.inf
         fit = [d for d in roomy if costs[d.name] is None or costs[d.name] <= limit]
-        best = min(fit, key=lambda d: (placement_cost(d, up, cfg), d.jobs, d.name))
+        best = min(fit, key=lambda d: (_sharing(d), placement_cost(d, up, cfg), d.jobs, d.name))
         return Assignment(best.name, "place", "most headroom")
-    best = min(roomy, key=lambda d: (placement_cost(d, up, cfg), d.jobs, d.name))
+    best = min(roomy, key=lambda d: (_sharing(d), placement_cost(d, up, cfg), d.jobs, d.name))
     if cur is None:
         return Assignment(best.name, "failover", f"{current} is down")
     if moved_at is not None and now - moved_at < cfg.move_cooldown_s:

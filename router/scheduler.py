@@ -111,7 +111,9 @@ class TargetScheduler:
         self._lanes: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
         self.link = TargetLink(name, target, config)
-        self.drafting = DraftSource(pool, home, config, metrics, self.vocab_size, self.max_context, self._spawn)
+        self.drafting = DraftSource(
+            pool, home, config, metrics, self.vocab_size, self.max_context, self._spawn, name=target.name
+        )
         self.draft = pool if self.drafting.available else None  # None: this deployment has no draft model
         self.balance = TargetBalance(self)  # depth level, speculation switch (router/rebalance.py)
         # c = draft step / target step as this pipeline sees it (the time a round waits per draft

@@ -30,7 +30,7 @@ class SimDrafting:
         pool = self.sim.pool
         if pool is None:
             return None
-        name = pool.assign(job, g.home)
+        name = pool.assign(job, g.home, g.target.name)
         if job.moved_from is not None:
             job.draft_cached = 0
         return name

@@ -64,6 +64,37 @@ def test_a_new_request_goes_to_the_drafter_with_most_headroom():
     assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "new"
 
 
+def _place_for_targets(steps: dict[str, float], order: list[str]) -> list[tuple[str, str]]:
+    """Place requests of the targets in ``order`` one by one; (target, drafter) of each."""
+    placed: list[tuple[str, str]] = []
+    for target in order:
+        pool = [
+            DrafterView(
+                n,
+                step_s=s,
+                jobs=sum(d == n for _, d in placed),
+                mates=sum(d == n and t == target for t, d in placed),
+                slots=8,
+            )
+            for n, s in steps.items()
+        ]
+        placed.append((target, assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter))
+    return placed
+
+
+def test_a_targets_requests_draft_together_and_targets_spread_over_drafters():
+    # equal drafters: each target keeps one drafter, and the two targets take different ones
+    placed = _place_for_targets({"a": 0.010, "b": 0.010}, ["t0", "t0", "t1", "t1"] * 2)
+    by_target = {t: {d for u, d in placed if u == t} for t in ("t0", "t1")}
+    assert all(len(ds) == 1 for ds in by_target.values()) and by_target["t0"] != by_target["t1"], placed
+    # one drafter clearly slower: both targets share the fast one rather than use the slow one
+    placed = _place_for_targets({"a": 0.030, "b": 0.010}, ["t0", "t1"] * 4)
+    assert {d for _, d in placed} == {"b"}
+    # three targets on two drafters: a third target shares, and its requests still go together
+    placed = _place_for_targets({"a": 0.010, "b": 0.010}, ["t0", "t1", "t2"] * 3)
+    assert len({d for t, d in placed if t == "t2"}) == 1, placed
+
+
 def test_old_measurements_hold_for_placement_until_forgotten_and_never_justify_a_move():
     # b was measured slow 20 s ago (no request since): new requests still avoid it ...
     pool = [DrafterView("a", step_s=0.01, in_flight=1), DrafterView("b", step_s=0.03, age_s=20)]
