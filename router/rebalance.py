@@ -14,9 +14,10 @@ Actions:
   request goes where its target's other requests draft, else to an idle drafter, else to a
   shared one (a round waits for every drafter its requests use), and among those to the one with
   the most headroom (:func:`placement_cost`: measured seconds per draft step, a call in flight,
-  device load, KV occupancy); only drafters a move would not take it away from at once count; a request stays on its drafter (its KV cache is there) unless that drafter is
-  down (``failover``) or its measured cost is ``move_margin`` times the best one's
-  (``draft_move``), at most once per ``move_cooldown_s`` after a move.
+  device load, KV occupancy); only drafters a move would not take it away from at once count. A
+  request stays on its drafter (its KV cache is there) unless that drafter is down
+  (``failover``) or its measured cost is ``move_margin`` times the best one's (``draft_move``),
+  at most once per ``move_cooldown_s`` after a move.
 * Depth by device load (:func:`plan_depth`, :func:`depth_plan`): an underused target (low load,
   drafts not on the critical path) goes ``deep`` (longer drafts, pre-drafting); a saturated one
   ``shallow`` (shorter drafts, no pre-drafting). Saturated means the compute units are full: GPM SM

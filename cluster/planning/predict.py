@@ -4,7 +4,7 @@ The prediction replays what the bench does: the profile's prompts in order (requ
 i mod n, with that prompt's own output length and acceptance), the bench's Poisson arrivals (the
 same generator and seed) or its closed loop, every scenario once per mode, on the service the
 serve config describes (its router config, worker slots; on one CPU machine the draft and the
-target worker share the cores, so their work serialises). The summaries have the bench's fields,
+target worker share the cores: their calls share the device while both run). The summaries have the bench's fields,
 computed by the bench's own ``summarize``.
 """
 

@@ -3,7 +3,8 @@ draft workers. Each request drafts where the router's own drafter pool (``router
 with the rebalancer's ``assign_drafter``) places it; the pool measures every Propose's wait as in
 the service (queueing included), and those measurements drive placement and the speculation switch.
 A late draft fails open and keeps its drafter busy; a drafter still busy with a late draft fails
-the next rounds open at once; pre-drafts go out during the verify when the depth level allows.
+the next rounds open at once; pre-drafts go out during the verify when the depth level allows (on
+a colocated device the two then share it).
 
 Not modelled: the pool coalescing Proposes that wait for a busy drafter into one call (here they
 run one after the other, as without coalescing).
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from cluster.planning.sim_entities import Group, Job, PreDraft, SimClient
+from cluster.planning.sim_entities import Call, Group, Job, PreDraft, SimClient, Until
 
 __all__ = ["SimDrafting"]
 
@@ -48,7 +49,7 @@ class SimDrafting:
                 continue
             j.drafters.add(name)
             cost = sim.costs.draft_prefill_s(plan[j.key] - j.draft_cached)
-            self.drafters[name].reserve(sim.now, sim.costs.draft_rpc_s + cost)
+            self.drafters[name].submit(sim.costs.draft_rpc_s + cost)
             j.draft_cached = plan[j.key]
 
     # ---- a round's drafts --------------------------------------------------------------------------
@@ -64,12 +65,12 @@ class SimDrafting:
         if not j.state.generated or new <= sim.P.cfg.k_policy.k_max + 1:
             return False
         j.drafters.add(name)
-        self.drafters[name].reserve(sim.now, sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(new))
+        self.drafters[name].submit(sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(new))
         j.draft_cached = len(j.state.tokens)
         return True
 
-    def _propose(self, name: str, jobs: list[Job], k: int) -> float:
-        """Send one Propose for ``jobs`` to ``name`` now: the pool measures it; returns its end time."""
+    def _propose(self, name: str, jobs: list[Job], k: int) -> Call:
+        """Send one Propose for ``jobs`` to ``name`` now: the pool measures it when it returns."""
         sim = self.sim
         d = self.drafters[name]
         context = max(len(j.state.tokens) for j in jobs)
@@ -82,10 +83,10 @@ class SimDrafting:
             dur += sim.costs.draft_prefill_s(catch_up)
         for j in jobs:
             j.draft_cached = len(j.state.tokens)
-        call, t_req = sim.pool.begin(name, 0 if catch_up else k), sim.now
-        _, end = d.reserve(sim.now, dur)
-        sim.at(end, lambda: sim.pool.end(name, call, True, since=t_req))
-        return end
+        measured, t_req = sim.pool.begin(name, 0 if catch_up else k), sim.now
+        call = d.submit(dur)
+        call.on_done(lambda: sim.pool.end(name, measured, True, since=t_req))
+        return call
 
     def drafts(self, g: Group, batch: list[Job], ks: list[int]) -> Generator:
         """DraftSource.drafts: the tokens drafted per job (0 where the round fails open)."""
@@ -118,14 +119,14 @@ class SimDrafting:
         t_end = sim.now + sim.P.draft_deadline(g.verify_ema, max(ks))
         for i, pd in pending:  # pre-drafts first: they already run on their drafters
             j = batch[i]
-            if pd.end > t_end:
-                yield t_end
-                d = self.drafters[pd.drafter].worker
-                d.late_until = max(d.late_until, pd.end)
-                hit = False
-            else:
-                yield pd.end
+            yield Until([pd.call], t_end)
+            if pd.call.done:
                 hit = j.last_bonus_match and pd.k > 0
+            else:
+                d = self.drafters[pd.drafter].worker
+                if not d.late_busy:
+                    d.late = pd.call
+                hit = False
             if hit:
                 drafted[i] = sim.sample(j, min(ks[i], pd.k))
                 g.predraft_hits += 1
@@ -133,23 +134,27 @@ class SimDrafting:
                 g.predraft_misses += 1
                 remote.setdefault(pd.drafter, []).append(i)
         ok: dict[str, bool] = {}
-        wait_until = sim.now
+        calls: dict[str, Call] = {}
+        unsent = False
         for name, idx in remote.items():
             w = self.drafters[name].worker
             for i in idx:
                 batch[i].drafters.add(name)
-            if w.late_until > sim.now:  # busy with a late draft: fail open now
-                ok[name] = False
-            elif max(sim.now, w.free_at) > t_end:  # would queue past the deadline: never sent
-                ok[name], wait_until = False, max(wait_until, t_end)
+            ok[name] = False
+            if w.late_busy:  # busy with a late draft: fail open now
+                continue
+            if w.free_at() > t_end:  # would queue past the deadline: never sent
+                unsent = True
             else:
-                end = self._propose(name, [batch[i] for i in idx], max(ks[i] for i in idx))
-                ok[name] = end <= t_end
-                if not ok[name]:
-                    w.late_until = end
-                wait_until = max(wait_until, min(end, t_end))
-        if wait_until > sim.now:
-            yield wait_until
+                calls[name] = self._propose(name, [batch[i] for i in idx], max(ks[i] for i in idx))
+        if unsent:
+            yield t_end
+        elif calls:
+            yield Until(list(calls.values()), t_end)
+        for name, call in calls.items():
+            ok[name] = call.done
+            if not call.done:
+                self.drafters[name].worker.late = call
         for name, idx in remote.items():
             for i in idx:
                 if ok[name]:
@@ -168,12 +173,12 @@ class SimDrafting:
             if j.spec != "draft" or k <= 0 or d != k or j.drafter is None:
                 continue
             client = self.drafters.get(j.drafter)
-            if client is None or not client.up or client.worker.late_until > sim.now:
+            if client is None or not client.up or client.worker.late_busy:
                 continue
             k_next = sim.P.predraft_k(j.state, k, sim.dep.max_context)
             if k_next > 0:
                 groups.setdefault(j.drafter, []).append((j, k_next))
         for name, picked in groups.items():
-            end = self._propose(name, [j for j, _ in picked], max(k for _, k in picked) + 1)
+            call = self._propose(name, [j for j, _ in picked], max(k for _, k in picked) + 1)
             for j, k_next in picked:
-                j.predraft = PreDraft(name, end, k_next)
+                j.predraft = PreDraft(name, call, k_next)

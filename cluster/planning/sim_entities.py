@@ -1,5 +1,6 @@
-"""What the simulator's schedulers work on: workers as FIFO resources, the requests, and the target
-groups. Their fields carry the names the router's rebalancing code reads
+"""What the simulator's schedulers work on: devices (processor sharing), workers (one call at a
+time, in order), the calls, the requests, and the target groups. Their fields carry the names the
+router's rebalancing code reads
 (``router.target_balance.TargetBalance`` reads a scheduler's ``cfg``, ``target``, ``waiting``,
 ``running``, ``capacity``, ``cost``, ``metrics``, ``drafting.pool``; ``router.drafter_pool.DrafterPool``
 a worker client's ``name``, ``up``, ``telemetry``, ``info``; both a job's drafting fields), so
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -16,24 +18,128 @@ from typing import Any
 from cluster.planning.workload import SimRequestSpec
 from specdec.core.request_state import RequestState
 
-__all__ = ["Worker", "SimTelemetry", "SimClient", "PreDraft", "Job", "Group"]
+__all__ = ["Call", "Until", "Device", "Worker", "SimTelemetry", "SimClient", "PreDraft", "Job", "Group"]
+
+
+class Call:
+    """One RPC's compute: ``work`` seconds at its device's full speed. ``start`` / ``end``: when it
+    began and stopped running on the device (None until then)."""
+
+    def __init__(self, work: float):
+        self.work = work
+        self.left = work  # as of its device's last update
+        self.start: float | None = None
+        self.end: float | None = None
+        self._then: list[Callable[[], None]] = []
+        self._finished: Callable[[], None] | None = None  # its worker's next call
+
+    @property
+    def done(self) -> bool:
+        return self.end is not None
+
+    def on_done(self, fn: Callable[[], None]) -> None:
+        if self.done:
+            fn()
+        else:
+            self._then.append(fn)
+
+
+@dataclass
+class Until:
+    """What a simulated coroutine yields to wait for every call in ``calls``, or time ``t``,
+    whichever comes first."""
+
+    calls: list[Call]
+    t: float
+
+
+class Device:
+    """A device as processor sharing: the calls running on it (one per worker at most: a worker
+    runs one batch RPC at a time) split its speed equally. A draft worker on its target's device
+    (``Deployment.colocated``, e.g. one CPU machine) then slows the target while both compute, as
+    two processes on the same cores do, instead of waiting for it; and the target's telemetry
+    reads busy for as long as its call runs."""
+
+    def __init__(self, at: Callable[[float, Callable[[], None]], None], clock: Callable[[], float]):
+        self.at, self.clock = at, clock
+        self.running: list[Call] = []
+        self._t = 0.0
+        self._plan = 0  # bumped on every change: an earlier completion event is stale
+
+    def advance(self) -> None:
+        """Bring the running calls' work left up to now."""
+        now = self.clock()
+        if self.running:
+            done = (now - self._t) / len(self.running)
+            for c in self.running:
+                c.left -= done
+        self._t = now
+
+    def run(self, call: Call, finished: Callable[[], None]) -> None:
+        self.advance()
+        call.start, call._finished = self.clock(), finished
+        self.running.append(call)
+        self._next_end()
+
+    def _next_end(self) -> None:
+        self._plan += 1
+        if self.running:
+            plan, c = self._plan, min(self.running, key=lambda c: c.left)
+            self.at(self._t + max(0.0, c.left) * len(self.running), lambda: self._end(c, plan))
+
+    def _end(self, c: Call, plan: int) -> None:
+        if plan != self._plan:
+            return
+        self.advance()
+        self.running.remove(c)
+        c.left, c.end = 0.0, self.clock()
+        self._next_end()
+        c._finished()
+        then, c._then = c._then, []
+        for fn in then:
+            fn()
+
+    def free_at(self, work: float, running: bool) -> float:
+        """When ``work`` more seconds would be done here if nothing else started meanwhile
+        (``running``: its worker has a call on the device now; else it would add one)."""
+        self.advance()
+        return self.clock() + work * max(1, len(self.running) + (0 if running else 1))
 
 
 class Worker:
-    """A worker that runs one batch RPC at a time, in the order they are sent (the worker client's
-    lock). ``busy`` counts booked compute seconds; ``late_until``: a Propose that missed its
-    round's deadline runs until then (new Proposes fail open meanwhile)."""
+    """A worker process: one batch RPC at a time, in the order they are sent (the worker client's
+    lock), each running on its device. ``busy``: seconds its calls ran (stretched while they
+    shared the device); ``late``: a Propose that missed its round's deadline and still runs (new
+    Proposes fail open meanwhile)."""
 
-    def __init__(self) -> None:
-        self.free_at = 0.0
+    def __init__(self, device: Device):
+        self.device = device
+        self.queue: deque[Call] = deque()
+        self.current: Call | None = None
         self.busy = 0.0
-        self.late_until = -math.inf
+        self.late: Call | None = None
 
-    def reserve(self, now: float, duration: float) -> tuple[float, float]:
-        start = max(now, self.free_at)
-        self.free_at = start + duration
-        self.busy += duration
-        return start, self.free_at
+    def submit(self, call: Call) -> None:
+        self.queue.append(call)
+        if self.current is None:
+            self._next()
+
+    def _next(self) -> None:
+        if self.current is not None:
+            self.busy += self.current.end - self.current.start
+        self.current = self.queue.popleft() if self.queue else None
+        if self.current is not None:
+            self.device.run(self.current, self._next)
+
+    @property
+    def late_busy(self) -> bool:
+        return self.late is not None and not self.late.done
+
+    def free_at(self) -> float:
+        """When its calls sent so far would be done, if nothing else starts on the device."""
+        self.device.advance()
+        left = (self.current.left if self.current is not None else 0.0) + sum(c.work for c in self.queue)
+        return self.device.free_at(left, self.current is not None)
 
 
 @dataclass
@@ -56,31 +162,39 @@ class SimClient:
     up: bool = True
     restarts: int = 0  # simulated workers never restart
     telemetry: SimTelemetry = field(default_factory=SimTelemetry)
-    booked: list = field(default_factory=list)  # (start, end) of its own calls not yet past a sample
+    calls: list = field(default_factory=list)  # its calls not yet past a telemetry sample
 
     @property
     def info(self) -> Any:
         return SimpleNamespace(num_slots=self.slots)
 
-    def reserve(self, now: float, duration: float) -> tuple[float, float]:
-        """Book a call on its worker (``Worker.reserve``), remembered for this client's telemetry."""
-        start, end = self.worker.reserve(now, duration)
-        if duration > 0:
-            self.booked.append((start, end))
-        return start, end
+    def submit(self, work: float, at: float | None = None) -> Call:
+        """Send a call of ``work`` seconds to its worker, now or at time ``at``."""
+        call, device = Call(work), self.worker.device
+        if work > 0:
+            self.calls.append(call)
+        if at is None or at <= device.clock():
+            self.worker.submit(call)
+        else:
+            device.at(at, lambda: self.worker.submit(call))
+        return call
 
     def busy_in(self, t0: float, t1: float) -> float:
-        """Seconds of its own calls that ran within [t0, t1] (a worker's busy clock as its telemetry
-        reads it: compute while it runs, not when it is booked; a colocated drafter's calls are not
-        the target's); forgets calls that ended before t0."""
-        self.booked = [(s, e) for s, e in self.booked if e > t0]
-        return sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in self.booked)
+        """Seconds its calls ran within [t0, t1] (a worker's busy clock as its telemetry reads it:
+        compute while it runs, not while it queues; a colocated drafter's calls are not the
+        target's); forgets calls that ended before t0."""
+        self.calls = [c for c in self.calls if c.end is None or c.end > t0]
+        return sum(
+            max(0.0, min(t1 if c.end is None else c.end, t1) - max(c.start, t0))
+            for c in self.calls
+            if c.start is not None
+        )
 
 
 @dataclass
 class PreDraft:
     drafter: str
-    end: float  # when the pre-draft Propose returns
+    call: Call  # the pre-draft Propose
     k: int  # draft tokens it holds after the guessed bonus token
 
 

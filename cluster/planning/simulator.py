@@ -7,9 +7,11 @@ what a profile or the roofline model says (:mod:`cluster.planning.costs`).
 
 Structure (after Vidur's: an event heap ordered by time, entities that turn events into new
 events). Each scheduler lane is a generator that mirrors ``router.scheduler.TargetScheduler._lane``
-and ``_round`` step by step: it yields the simulated time at which it continues (or ``PARK`` to
-wait for the scheduler's wake-up). A worker is a FIFO resource, like the worker client's lock that
-serialises batch RPCs: a call reserves it from max(now, free) for its duration. Every decision is
+and ``_round`` step by step: it yields the simulated time at which it continues, a call to wait for
+(or an :class:`~cluster.planning.sim_entities.Until`: calls or a deadline), or ``PARK`` to wait for
+the scheduler's wake-up. A worker runs its calls one at a time in the order sent, like the worker
+client's lock that serialises batch RPCs; the calls running on one device share it (processor
+sharing: a colocated drafter slows its target while both compute). Every decision is
 made through :class:`cluster.planning.policies.RouterPolicy`, i.e. by the router's own code; the
 rebalancer's telemetry tick runs every ``rebalance.period_s`` with each device's busy fraction as
 its load.
@@ -33,7 +35,7 @@ from typing import Any
 from cluster.planning.costs import Costs
 from cluster.planning.policies import RouterPolicy
 from cluster.planning.sim_drafting import SimDrafting
-from cluster.planning.sim_entities import Group, Job, SimClient, Worker
+from cluster.planning.sim_entities import Call, Device, Group, Job, SimClient, Until, Worker
 from cluster.planning.workload import SimRequestSpec, WorkloadError
 from specdec.bench.serve import summarize
 from specdec.core.prefill_plan import PrefillNeed
@@ -58,7 +60,7 @@ class Deployment:
     target_slots: int = 8
     draft_slots: int = 8
     max_context: int = 4096
-    colocated: bool = False  # one device for the draft and the target (a CPU machine): their work serialises
+    colocated: bool = False  # one device for the draft and the target (a CPU machine): they share it
     mode: str = "auto"  # what each request asks for: auto | draft | ngram | off
 
 
@@ -109,13 +111,16 @@ class _Sim:
         self._seq = itertools.count()
         clock = self.clock
         P = self.P
-        self.targets = [SimClient(f"target-{i}", "target", Worker(), dep.target_slots) for i in range(dep.groups)]
+        self.targets = [
+            SimClient(f"target-{i}", "target", Worker(Device(self.at, clock)), dep.target_slots)
+            for i in range(dep.groups)
+        ]
         self.pool = P.new_pool(clock) if dep.drafts else None
         drafters: dict[str, SimClient] = {}
         for i in range(dep.drafts):
-            # colocated: the draft model runs on its target's device, so their work serialises
-            worker = self.targets[i % dep.groups].worker if dep.colocated else Worker()
-            drafters[f"draft-{i}"] = SimClient(f"draft-{i}", "draft", worker, dep.draft_slots)
+            # colocated: the draft model runs on its target's device, and they share it
+            device = self.targets[i % dep.groups].worker.device if dep.colocated else Device(self.at, clock)
+            drafters[f"draft-{i}"] = SimClient(f"draft-{i}", "draft", Worker(device), dep.draft_slots)
             self.pool.add(drafters[f"draft-{i}"])
         self.drafting = SimDrafting(self, drafters)
         static = not P.cfg.rebalance.enabled
@@ -157,10 +162,41 @@ class _Sim:
             t = next(gen)
         except StopIteration:
             return
+        resume = lambda: self._step(gen, group)  # noqa: E731
         if t is PARK:
             group.parked.append(gen)
+        elif isinstance(t, Call):
+            t.on_done(lambda: self.at(self.now, resume))
+        elif isinstance(t, Until):
+            self._until(t, resume)
         else:
-            self.at(max(t, self.now), lambda: self._step(gen, group))
+            self.at(max(t, self.now), resume)
+
+    def _until(self, u: Until, resume: Callable[[], None]) -> None:
+        """Resume once every call in ``u`` is done or at ``u.t``, whichever comes first (once)."""
+        fired = False
+
+        def go() -> None:
+            nonlocal fired
+            if not fired:
+                fired = True
+                self.at(self.now, resume)
+
+        pending = [c for c in u.calls if not c.done]
+        left = len(pending)
+
+        def one() -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                go()
+
+        if not pending:
+            go()
+            return
+        self.at(max(u.t, self.now), go)
+        for c in pending:
+            c.on_done(one)
 
     def _wake(self, g: Group) -> None:
         parked, g.parked = g.parked, []
@@ -278,9 +314,10 @@ class _Sim:
         # the profile's uniform rows of the mean width cost, not the widest row times the batch.
         width = sum(d + 1 for d in drafted) / len(batch)
         context = max(len(j.state.tokens) for j in batch)
-        _, end = g.target.reserve(self.now + router, c.verify_rpc_s + c.verify_s(len(batch), width, context))
         t1 = self.now + router
-        yield end
+        call = g.target.submit(c.verify_rpc_s + c.verify_s(len(batch), width, context), at=t1)
+        yield call
+        end = call.end
         dt = end - t1
         g.verify_ema = dt if g.verify_ema is None else 0.8 * g.verify_ema + 0.2 * dt
         steps = max((d for j, d in zip(batch, drafted) if j.spec == "draft"), default=0)
@@ -309,8 +346,7 @@ class _Sim:
         width = max(plan[j.key] - j.state.prefilled for j in chunks)
         context = max(j.state.prefilled for j in chunks)
         cost = self.costs.verify_rpc_s + self.costs.prefill_s(len(chunks), width, context)
-        _, end = g.target.reserve(self.now, cost)
-        yield end
+        yield g.target.submit(cost)
         for j in chunks:
             j.state.prefilled = plan[j.key]
         return [j for j in chunks if not j.state.prefilling and not j.done]

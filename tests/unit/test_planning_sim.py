@@ -300,12 +300,30 @@ def test_a_recorded_first_round_is_drawn_apart_from_the_later_rounds():
     assert old.first is None and 0.8 < old.accept_p[0] < 0.9  # not recorded: every round alike
 
 
-def test_the_simulated_telemetry_spreads_a_call_over_the_periods_it_runs_in():
-    from cluster.planning.sim_entities import SimClient, Worker
+def test_calls_on_one_device_share_it_and_each_workers_telemetry_reads_its_own_calls():
+    """Processor sharing: a colocated drafter's call slows the target's while both run (not FIFO
+    behind it), a worker still runs its own calls one at a time, and its busy clock counts the
+    time its calls ran, stretched, per telemetry period."""
+    import heapq
+    import itertools
 
-    w = Worker()
-    target, draft = SimClient("t", "target", w, 8), SimClient("d", "draft", w, 8)
-    target.reserve(0.0, 3.5)
-    draft.reserve(0.0, 1.0)  # colocated: queues behind the target's call on the one worker
-    assert [round(target.busy_in(t, t + 1), 6) for t in range(5)] == [1.0, 1.0, 1.0, 0.5, 0.0]
-    assert draft.busy_in(3.0, 4.0) == pytest.approx(0.5) and draft.busy_in(4.0, 5.0) == pytest.approx(0.5)
+    from cluster.planning.sim_entities import Device, SimClient, Worker
+
+    events, seq, now = [], itertools.count(), [0.0]
+
+    def at(t, fn):
+        heapq.heappush(events, (t, next(seq), fn))
+
+    dev = Device(at, lambda: now[0])
+    target, draft = SimClient("t", "target", Worker(dev), 8), SimClient("d", "draft", Worker(dev), 8)
+    verify, propose = target.submit(3.0), draft.submit(1.0)
+    queued = target.submit(1.0)  # behind the first on the target's own worker
+    assert target.worker.free_at() == pytest.approx(8.0)  # 4 s of work at half speed, as things stand
+    while events:
+        now[0], _, fn = heapq.heappop(events)
+        fn()
+    # both run from 0 at half speed: the draft's 1 s ends at 2; the verify's last 2 s alone end at 4
+    assert (propose.end, verify.end, queued.start, queued.end) == (2.0, 4.0, 4.0, 5.0)
+    assert [round(target.busy_in(t, t + 1), 6) for t in range(5)] == [1.0] * 5
+    assert [round(draft.busy_in(t, t + 1), 6) for t in range(3)] == [1.0, 1.0, 0.0]
+    assert target.worker.busy == pytest.approx(5.0) and draft.worker.busy == pytest.approx(2.0)
