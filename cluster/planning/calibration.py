@@ -52,7 +52,10 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     batch (rounded) of the speculative / plain scenarios (k under 0.5 per row); where the worker
     reported no compute time, the RPC is folded into the scale. ``prefill_scale``: the prefill
     phase's time over the profile's prefill of as many mean prompts as the scenario sent. The
-    draft RPC is the draft wait less the Propose the profile predicts for the mean batch and k."""
+    draft RPC is the draft wait less the Propose the profile predicts for the mean batch and k, read
+    only from scenarios where no round failed open: such a round waited out its draft deadline,
+    which the simulator models itself (read as RPC time, a float32 c=8 run's waits priced every
+    Propose 1 s dearer, and the simulated router then failed open 6x as often as the service)."""
     prefill_ms = _prompt_prefill_ms(profile)
     points = []
     rpc, drpc, scales, prefill_scales = [], [], [], []
@@ -77,7 +80,7 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
                 by_batch[k < 0.5].setdefault(max(1, round(batch)), []).append(scales[-1])
         if prefill_ms > 0 and split.get("prefill_ms_per_round") and s.get("requests"):
             prefill_scales.append(split["prefill_ms_per_round"] * split["rounds"] / (prefill_ms * s["requests"]))
-        if k > 0 and split.get("draft_wait_ms_per_round"):
+        if k > 0 and split.get("draft_wait_ms_per_round") and not s.get("fail_open_rounds"):
             grid = profile.draft_propose if profile is not None else None
             predicted = grid.at(batch, k) if grid is not None else 0.0
             drpc.append(max(0.0, split["draft_wait_ms_per_round"] - predicted))

@@ -145,6 +145,18 @@ def test_verify_scale_and_rpc_come_from_the_workers_compute_in_the_service():
     assert overhead_from_bench(bench).verify_scale == 1.0  # no profile, no grid to scale
 
 
+def test_the_draft_rpc_is_read_only_from_scenarios_without_fail_open():
+    """A round that failed open waited out its draft deadline: that wait is not RPC time (the
+    simulator models the deadline itself)."""
+    g = _grid_profile().target_forward
+    late = _serve_scenario(g, 4, 4, 1.0, rpc=3.0, prefill=True)
+    late["summary"]["split"]["draft_wait_ms_per_round"] = 900.0
+    late["summary"]["fail_open_rounds"] = 12
+    assert overhead_from_bench({"results": [late]}).draft_rpc_ms == Overhead.draft_rpc_ms  # nothing to read
+    clean = _serve_scenario(g, 1, 4, 1.0, rpc=3.0, prefill=True)  # draft wait 20 ms, no grid: all of it
+    assert overhead_from_bench({"results": [late, clean]}).draft_rpc_ms == pytest.approx(20.0)
+
+
 def test_simulate_command_predicts_and_compares(tiny_profile, tmp_path, capsys):
     prof = tiny_profile.save(tmp_path / "p.json")
     out = tmp_path / "sim.json"
