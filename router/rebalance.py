@@ -279,7 +279,7 @@ def _sharing(d: DrafterView) -> int:
     idle one (1), one shared with other targets (2), one that drafts only for others (3). A
     round waits for the slowest of the drafters its requests use, so a target whose requests
     spread over two drafters waits for both, each busy with other targets' rounds too (the
-    rebalancer then lost 17 % to static pairing with equal drafters: bench/NOTES.md)."""
+    rebalancer then lost 18 % to static pairing with equal drafters: bench/NOTES.md)."""
     others = d.jobs - d.mates
     if d.mates:
         return 0 if not others else 2

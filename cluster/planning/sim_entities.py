@@ -99,12 +99,6 @@ class Device:
         for fn in then:
             fn()
 
-    def free_at(self, work: float, running: bool) -> float:
-        """When ``work`` more seconds would be done here if nothing else started meanwhile
-        (``running``: its worker has a call on the device now; else it would add one)."""
-        self.advance()
-        return self.clock() + work * max(1, len(self.running) + (0 if running else 1))
-
 
 class Worker:
     """A worker process: one batch RPC at a time, in the order they are sent (the worker client's
@@ -136,10 +130,13 @@ class Worker:
         return self.late is not None and not self.late.done
 
     def free_at(self) -> float:
-        """When its calls sent so far would be done, if nothing else starts on the device."""
-        self.device.advance()
+        """When its calls sent so far would be done, if nothing else starts on the device (its
+        share stays what it is, or what it would be with one more call running)."""
+        dev = self.device
+        dev.advance()
         left = (self.current.left if self.current is not None else 0.0) + sum(c.work for c in self.queue)
-        return self.device.free_at(left, self.current is not None)
+        sharing = len(dev.running) + (0 if self.current is not None else 1)
+        return dev.clock() + left * max(1, sharing)
 
 
 @dataclass
