@@ -60,6 +60,7 @@ class _Drafter:
     client: WorkerClient
     step_s: float | None = None  # at REF_K, from the line when there is one, else the EWMA per step
     fixed_s: float = 0.0
+    run_step_s: float | None = None  # EWMA of a Propose's run per draft step, queueing excluded
     measured_at: float = -math.inf
     waits: LineFit = field(default_factory=lambda: LineFit(_FIT_WEIGHT))  # a call's wait by its draft steps
     surprises: int = 0  # consecutive calls far off the fitted line (+ slower, - faster)
@@ -178,9 +179,10 @@ class DrafterPool:
             d.running[call] = (self.clock(), steps)
         return call
 
-    def end(self, name: str, call: int, ok: bool, since: float | None = None) -> None:
+    def end(self, name: str, call: int, ok: bool, since: float | None = None, started: float | None = None) -> None:
         """A call is over; a successful Propose updates the drafter's seconds per step (from
-        ``since``, when its sequences started waiting: queueing counts)."""
+        ``since``, when its sequences started waiting: queueing counts) and its run time per step
+        (from ``started``, when the worker took it; default: when it was sent)."""
         d = self._d.get(name)
         if d is None or call not in d.running:
             return
@@ -205,6 +207,10 @@ class DrafterPool:
                 fresh, d.surprises = False, 0
         if not fresh:
             d.waits, d.calls = LineFit(_FIT_WEIGHT), 0  # a new regime (first call, back after a pause, or changed)
+            d.run_step_s = None
+        run = (now - (t0 if started is None else started)) / steps
+        w = self.policy.latency_weight
+        d.run_step_s = run if d.run_step_s is None else (1 - w) * d.run_step_s + w * run
         d.waits.add(float(steps), wait)
         d.calls += 1
         line = d.waits.line(at=0.0)
@@ -258,6 +264,7 @@ class DrafterPool:
             step_s=step,
             age_s=age if step is not None else 0.0,
             fixed_s=d.fixed_s,
+            run_step_s=d.run_step_s,
             in_flight=len(d.running) + len(d.queue),
             load=tel.load if tel is not None else None,
             jobs=len(d.jobs),

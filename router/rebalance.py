@@ -77,8 +77,8 @@ class RebalanceConfig:
       the pool's median (a drafter that recovered meanwhile gets requests again).
     move_margin / move_cooldown_s: a request moves off its drafter only when its cost is more than
       ``move_margin`` times the best drafter's, and at most once per ``move_cooldown_s``.
-    util_weight / hot_utilization: a drafter's cost grows by ``util_weight`` x its device load, and
-      by up to 1 more as the load goes from ``hot_utilization`` to 1 (busy with other work).
+    util_weight / hot_utilization: a drafter's placement cost grows by ``util_weight`` x its device
+      load, and by up to 1 more as the load goes from ``hot_utilization`` to 1 (busy with other work).
     low_utilization / high_utilization / band: a target is underused below ``low``, saturated
       above ``high``; it leaves a level only ``band`` past the threshold (hysteresis).
     growth_saturated: without GPM, saturated also needs each extra verified token to cost at least
@@ -160,6 +160,8 @@ class DrafterView:
       draft length (raised while a call runs late); None = never measured. age_s: its age.
     fixed_s: the part of a call's wait that does not grow with k (RPC, queueing): a Propose of k
       steps waits about fixed_s + k x (step_s - fixed_s / k_ref); 0 until calls of different k.
+    run_step_s: seconds per draft step a Propose ran on the worker, queueing excluded (EWMA);
+      None = not measured.
     in_flight: Propose calls queued or running on it now (from every target).
     load: device load share from telemetry (DeviceSample.load), None = unknown.
     jobs / slots: requests it drafts for, and its KV slots (None = unbounded, e.g. n-gram).
@@ -171,6 +173,7 @@ class DrafterView:
     step_s: float | None = None
     age_s: float = 0.0
     fixed_s: float = 0.0
+    run_step_s: float | None = None
     in_flight: int = 0
     load: float | None = None
     jobs: int = 0
@@ -265,13 +268,17 @@ def placement_cost(d: DrafterView, drafters: Sequence[DrafterView], cfg: Rebalan
 
 
 def move_cost(d: DrafterView, cfg: RebalanceConfig, within_s: float | None = None) -> float | None:
-    """The cost used to decide moves: the device's seconds per draft step (:attr:`DrafterView.
-    per_step_s`) x the load factor. Queueing is left out on purpose: it follows the placement
-    (moving requests onto a drafter makes it queue), so chasing it would make requests oscillate;
-    placement weighs queues instead. None = not measured within ``within_s`` (default ``stale_s``)."""
+    """The cost used to decide moves: how long a draft step runs there (:attr:`DrafterView.
+    run_step_s`; before any is measured, :attr:`DrafterView.per_step_s`). Queueing and the device
+    load are left out on purpose: both follow the placement (moving requests onto a drafter makes
+    it queue and busy), so chasing them made requests oscillate (1,025 moves of 200 requests in a
+    planner run, bench/NOTES.md); placement weighs them instead. A device slowed by other work
+    runs its Proposes slower, which this sees. None = not measured within ``within_s`` (default
+    ``stale_s``)."""
     if _known_step(d, cfg.stale_s if within_s is None else within_s) is None:
         return None
-    return max(d.per_step_s, 1e-6) * _load_factor(d, cfg)
+    speed = d.run_step_s if d.run_step_s is not None else d.per_step_s
+    return max(speed, 1e-6)
 
 
 def _sharing(d: DrafterView) -> int:

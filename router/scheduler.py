@@ -351,8 +351,9 @@ class TargetScheduler:
             dt = t2 - t1
             self.drafting.observe_verify(dt)
             steps = max((len(d.tokens) for j, d in zip(batch, drafts) if j.spec == "draft"), default=0)
-            if not prefills:
-                self.cost.update(draft_wait, steps, dt, sum(len(d.tokens) + 1 for d in drafts))
+            if not prefills:  # the worker's own time: with two lanes the wall holds the other lane's call
+                busy = compute if compute is not None else dt
+                self.cost.update(draft_wait, steps, busy, sum(len(d.tokens) + 1 for d in drafts))
         m = self.metrics
         m.rounds.inc()
         m.batch_size.observe(len(batch))

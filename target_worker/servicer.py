@@ -123,11 +123,12 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             self._check_context(s, 0, "sequences.tokens")
         if not seqs:
             return worker_pb2.PrefillResponse()
-        with self.lock, self.meter.compute():
-            t0 = time.perf_counter()
-            self._check_capacity([s.request_id for s in seqs])
-            self.verifier.prefill([(s.request_id, s.tokens, s.params) for s in seqs])
-            cached = [self.runner.lengths[self.verifier.slots[s.request_id]] for s in seqs]
+        with self.lock:
+            t0 = time.perf_counter()  # before the meter: an emulated slower device (its delay) computes too
+            with self.meter.compute():
+                self._check_capacity([s.request_id for s in seqs])
+                self.verifier.prefill([(s.request_id, s.tokens, s.params) for s in seqs])
+                cached = [self.runner.lengths[self.verifier.slots[s.request_id]] for s in seqs]
             report_compute(context, time.perf_counter() - t0)
         return worker_pb2.PrefillResponse(
             outcomes=[worker_pb2.PrefillOutcome(request_id=s.request_id, cached_tokens=n) for s, n in zip(seqs, cached)]
@@ -154,10 +155,11 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         _unique_ids((i.request_id for i in items), "items.sequence.request_id")
         if not items:
             return worker_pb2.VerifyResponse()
-        with self.lock, self.meter.compute():
-            t0 = time.perf_counter()
-            self._check_capacity([i.request_id for i in items])
-            results = self.verifier.verify(items)
+        with self.lock:
+            t0 = time.perf_counter()  # as in Prefill
+            with self.meter.compute():
+                self._check_capacity([i.request_id for i in items])
+                results = self.verifier.verify(items)
             report_compute(context, time.perf_counter() - t0)
         return worker_pb2.VerifyResponse(outcomes=[outcome_to_proto(i.request_id, r) for i, r in zip(items, results)])
 

@@ -85,7 +85,7 @@ class SimDrafting:
             j.draft_cached = len(j.state.tokens)
         measured, t_req = sim.pool.begin(name, 0 if catch_up else k), sim.now
         call = d.submit(dur)
-        call.on_done(lambda: sim.pool.end(name, measured, True, since=t_req))
+        call.on_done(lambda: sim.pool.end(name, measured, True, since=t_req, started=call.start))
         return call
 
     def drafts(self, g: Group, batch: list[Job], ks: list[int]) -> Generator:

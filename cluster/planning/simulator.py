@@ -321,8 +321,8 @@ class _Sim:
         dt = end - t1
         g.verify_ema = dt if g.verify_ema is None else 0.8 * g.verify_ema + 0.2 * dt
         steps = max((d for j, d in zip(batch, drafted) if j.spec == "draft"), default=0)
-        if not prefills:
-            g.cost.update(draft_wait, steps, dt, sum(d + 1 for d in drafted))
+        if not prefills:  # the worker's compute, as the scheduler reads it
+            g.cost.update(draft_wait, steps, end - call.start, sum(d + 1 for d in drafted))
         g.rounds += 1
         g.batch_rows += len(batch)
         g.split["draft_wait"] += draft_wait

@@ -241,6 +241,17 @@ def test_verify_with_empty_draft(workers, reference):
     # the worker's own compute time rides along (the router's "rpc" round phase is wall minus it)
     compute = float(dict(call.trailing_metadata())[COMPUTE_METADATA_KEY])
     assert 0 < compute < wall
+    # an emulated slower device (the TEST/BENCHMARK knob) computes for its delay too: the router's
+    # verify cost line reads this time (with it left out, the rebalancer bench priced drafts 20x)
+    import ray
+
+    ray.get(workers.target.handle.set_bench_step_delay.remote(0.3), timeout=30)
+    try:
+        again = worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=seq)])
+        _, call = workers.target.stub.Verify.with_call(again)
+    finally:
+        ray.get(workers.target.handle.set_bench_step_delay.remote(0.0), timeout=30)
+    assert float(dict(call.trailing_metadata())[COMPUTE_METADATA_KEY]) >= 0.3
     # Propose with k = 0 drafts nothing.
     (d,) = workers.draft.stub.Propose(worker_pb2.ProposeRequest(sequences=[seq])).drafts
     assert list(d.tokens) == [] and list(d.dists) == []

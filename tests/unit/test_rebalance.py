@@ -148,9 +148,16 @@ def test_a_request_is_sticky_then_moves_off_a_slow_drafter_after_its_cooldown():
     # below the margin it stays (its KV cache is there)
     a = assign_drafter("a", drafters(0.014, 0.01), moved_at=None, now=100, cfg=CFG)
     assert (a.drafter, a.action) == ("a", "keep")
-    # hot: the same step time, but a's device is above hot_utilization
+    # moves compare how fast Proposes run there, queueing excluded: a queue follows the placement
+    # (moving requests onto a drafter makes it queue), so chasing it would make requests oscillate
+    queued = [DrafterView("a", step_s=0.03, run_step_s=0.01), DrafterView("b", step_s=0.01, run_step_s=0.01)]
+    assert assign_drafter("a", queued, moved_at=None, now=100, cfg=CFG).action == "keep"
+    slower = [DrafterView("a", step_s=0.03, run_step_s=0.03), DrafterView("b", step_s=0.01, run_step_s=0.01)]
+    assert assign_drafter("a", slower, moved_at=None, now=100, cfg=CFG).action == "move"
+    # and so does the device load: a drafter's is mostly its own drafting (on a shared device its
+    # target's too); a device busy with other work shows in the run time (placement weighs load)
     hot = [DrafterView("a", step_s=0.01, load=0.99), DrafterView("b", step_s=0.01, load=0.2)]
-    assert assign_drafter("a", hot, moved_at=None, now=100, cfg=CFG).action == "move"
+    assert assign_drafter("a", hot, moved_at=None, now=100, cfg=CFG).action == "keep"
     # never onto a drafter without measurements, nor onto a full one
     assert assign_drafter("a", drafters(0.03, None), moved_at=None, now=100, cfg=CFG).action == "keep"
     full = [DrafterView("a", step_s=0.03), DrafterView("b", step_s=0.01, jobs=8, slots=8)]
@@ -461,3 +468,24 @@ def test_config_is_strict():
     with pytest.raises(ValueError, match="low_utilization"):
         RebalanceConfig.from_dict({"low_utilization": 0.95})
     assert RebalanceConfig.from_dict({"enabled": False}).enabled is False
+
+
+def test_the_pool_measures_a_proposes_run_apart_from_its_queueing():
+    """What a round waits for a draft (queueing included: placement and the speculation switch)
+    and how fast the drafter runs it (queueing excluded: moves) are two measurements."""
+    from types import SimpleNamespace
+
+    from router.config import RouterConfig
+    from router.drafter_pool import DrafterPool
+    from router.metrics import Metrics
+
+    now = [0.0]
+    pool = DrafterPool(RouterConfig(), Metrics(), clock=lambda: now[0])
+    pool.add(SimpleNamespace(name="a", up=True, restarts=0, info=None))
+    for t in (1.0, 2.0, 3.0):
+        now[0] = t
+        call = pool.begin("a", 4)  # sent now, after waiting 40 ms behind another target's call
+        now[0] = t + 0.04
+        pool.end("a", call, True, since=t - 0.04)
+    (v,) = pool.views(now[0])
+    assert v.step_s == pytest.approx(0.02) and v.run_step_s == pytest.approx(0.01)
