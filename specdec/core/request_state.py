@@ -93,7 +93,8 @@ class CostMeter:
     """Measured costs of a round, in units of a target step, for the adaptive choice of k.
 
     c: draft time per draft token / verify time (EWMA). The draft step is a round's drafting time
-    divided by its longest draft (steps run batched); the target step is the round's verify time.
+    divided by its longest draft (steps run batched); the target step is the round's verify time
+    (the service passes the target worker's own compute: a wall time can hold another lane's call).
     r: what one more verified token adds to a verify, relative to a one-token verify. A verify is
     flat in k only while it stays memory-bound (on 2 CPU cores it grows past ~5 tokens), so each
     draft token costs c + r; r comes from a least-squares line through recent rounds' (tokens
