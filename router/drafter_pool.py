@@ -44,6 +44,7 @@ _FIT_WEIGHT = 0.2  # of each call in a drafter's wait line
 _SURPRISE = 2.0  # a call this many times slower (or faster) than the line predicts is a surprise ...
 _SURPRISES = 3  # ... and this many in a row mean the drafter changed: the fit starts over
 _SETTLED = 6  # calls in a fit before it is trusted to call anything a surprise
+_QUEUE_WEIGHT = 0.05  # of each call in the queueing estimate: spikes (a draft prefill ahead) fade out
 
 
 @dataclass
@@ -61,6 +62,7 @@ class _Drafter:
     step_s: float | None = None  # at REF_K, from the line when there is one, else the EWMA per step
     fixed_s: float = 0.0
     run_step_s: float | None = None  # EWMA of a Propose's run per draft step, queueing excluded
+    queue_s: float = 0.0  # long-memory EWMA of a Propose's wait before it ran
     measured_at: float = -math.inf
     waits: LineFit = field(default_factory=lambda: LineFit(_FIT_WEIGHT))  # a call's wait by its draft steps
     surprises: int = 0  # consecutive calls far off the fitted line (+ slower, - faster)
@@ -207,10 +209,11 @@ class DrafterPool:
                 fresh, d.surprises = False, 0
         if not fresh:
             d.waits, d.calls = LineFit(_FIT_WEIGHT), 0  # a new regime (first call, back after a pause, or changed)
-            d.run_step_s = None
-        run = (now - (t0 if started is None else started)) / steps
+            d.run_step_s, d.queue_s = None, 0.0
+        ran = now - (t0 if started is None else started)
         w = self.policy.latency_weight
-        d.run_step_s = run if d.run_step_s is None else (1 - w) * d.run_step_s + w * run
+        d.run_step_s = ran / steps if d.run_step_s is None else (1 - w) * d.run_step_s + w * ran / steps
+        d.queue_s += _QUEUE_WEIGHT * (max(0.0, wait - ran) - d.queue_s)
         d.waits.add(float(steps), wait)
         d.calls += 1
         line = d.waits.line(at=0.0)
@@ -224,17 +227,22 @@ class DrafterPool:
         self.metrics.drafter_step.labels(name).set(d.step_s)
 
     def measurements(self, now: float) -> dict[str, tuple]:
-        """Each drafter's measured wait line as (step_s, fixed_s, age_s, fit, calls): what the pool
-        knows of its drafters beyond any request (the capacity simulator carries it from one run to
-        the next, as one router serves a benchmark's scenarios one after the other)."""
-        return {n: (d.step_s, d.fixed_s, now - d.measured_at, d.waits, d.calls) for n, d in self._d.items()}
+        """Each drafter's measured wait line and run time as (step_s, fixed_s, age_s, fit, calls,
+        run_step_s, queue_s): what the pool knows of its drafters beyond any request (the capacity
+        simulator carries it from one run to the next, as one router serves a benchmark's scenarios
+        one after the other)."""
+        return {
+            n: (d.step_s, d.fixed_s, now - d.measured_at, d.waits, d.calls, d.run_step_s, d.queue_s)
+            for n, d in self._d.items()
+        }
 
     def restore(self, measured: dict[str, tuple], now: float) -> None:
         """Take over :meth:`measurements` of the same drafters, taken ``age_s`` before ``now``."""
-        for name, (step_s, fixed_s, age_s, fit, calls) in measured.items():
+        for name, (step_s, fixed_s, age_s, fit, calls, run_step_s, queue_s) in measured.items():
             d = self._d.get(name)
             if d is not None:
                 d.step_s, d.fixed_s, d.measured_at, d.waits, d.calls = step_s, fixed_s, now - age_s, fit, calls
+                d.run_step_s, d.queue_s = run_step_s, queue_s
 
     def set_late(self, name: str, task: asyncio.Task) -> None:
         d = self._d.get(name)
@@ -265,6 +273,7 @@ class DrafterPool:
             age_s=age if step is not None else 0.0,
             fixed_s=d.fixed_s,
             run_step_s=d.run_step_s,
+            queue_s=d.queue_s,
             in_flight=len(d.running) + len(d.queue),
             load=tel.load if tel is not None else None,
             jobs=len(d.jobs),

@@ -35,7 +35,8 @@ Series:
   ``{worker,role,device}``); ``specdec_worker_rss_bytes{worker,role}``,
   ``specdec_worker_threads{worker,role}``.
 * Rebalancer: ``specdec_rebalance_actions_total{action}`` (draft_move, draft_failover, depth_deep,
-  depth_normal, depth_shallow, spec_off, spec_on, route_around), ``specdec_target_depth_level{worker}``
+  depth_normal, depth_shallow, spec_off, spec_on, k_cap: a round whose drafts were capped, route_around),
+  ``specdec_target_depth_level{worker}``
   (-1 shallow, 0 normal, 1 deep), ``specdec_drafter_step_seconds{worker}`` (measured seconds per
   draft step), ``specdec_draft_sequences_total{worker}`` (sequences drafted by each drafter).
 * ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,

@@ -161,7 +161,7 @@ class DrafterView:
     fixed_s: the part of a call's wait that does not grow with k (RPC, queueing): a Propose of k
       steps waits about fixed_s + k x (step_s - fixed_s / k_ref); 0 until calls of different k.
     run_step_s: seconds per draft step a Propose ran on the worker, queueing excluded (EWMA);
-      None = not measured.
+      None = not measured. queue_s: how long a Propose waited before it ran, over a long memory.
     in_flight: Propose calls queued or running on it now (from every target).
     load: device load share from telemetry (DeviceSample.load), None = unknown.
     jobs / slots: requests it drafts for, and its KV slots (None = unbounded, e.g. n-gram).
@@ -174,6 +174,7 @@ class DrafterView:
     age_s: float = 0.0
     fixed_s: float = 0.0
     run_step_s: float | None = None
+    queue_s: float = 0.0
     in_flight: int = 0
     load: float | None = None
     jobs: int = 0
@@ -194,6 +195,15 @@ class DrafterView:
         if k <= 0 or self.step_s is None:
             return 0.0
         return self.fixed_s + self.per_step_s * k
+
+    def price(self) -> tuple[float, float]:
+        """(fixed, per step) seconds the speculation switch prices a draft here at: the run time
+        per step plus the long-memory queueing, once runs are measured; else the wait line. A
+        Propose queued behind a draft prefill waits several times its run, and pricing that
+        spike switched whole batches off (bench/NOTES.md, fourth session)."""
+        if self.run_step_s is not None:
+            return self.queue_s, self.run_step_s
+        return self.fixed_s, self.per_step_s or 0.0
 
 
 @dataclass(frozen=True)
@@ -232,7 +242,8 @@ def priced_drafter(own: str | None, views: dict[str, DrafterView], cfg: Rebalanc
 def guessed_price(v: DrafterView, cfg: RebalanceConfig) -> DrafterView:
     """A measurement ``age_s`` old, priced at half its cost for every ``stale_s`` past ``stale_s``."""
     f = 0.5 ** (max(0.0, v.age_s - cfg.stale_s) / cfg.stale_s)
-    return dataclasses.replace(v, step_s=v.step_s * f, fixed_s=v.fixed_s * f)
+    run = v.run_step_s * f if v.run_step_s is not None else None
+    return dataclasses.replace(v, step_s=v.step_s * f, fixed_s=v.fixed_s * f, run_step_s=run, queue_s=v.queue_s * f)
 
 
 def is_guess(v: DrafterView | None, cfg: RebalanceConfig) -> bool:

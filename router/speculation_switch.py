@@ -6,6 +6,7 @@ Proposes measure the drafter for the rest."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from router.rebalance import RebalanceConfig
 from specdec.core.speedup import expected_tokens
 
-__all__ = ["VerifyCost", "SpecJob", "pooled_acceptance", "round_goodput", "plan_speculation"]
+__all__ = ["VerifyCost", "SpecJob", "pooled_acceptance", "round_goodput", "round_k_cap", "capped", "plan_speculation"]
 
 # ---- speculation on / off by goodput -------------------------------------------------------------
 
@@ -78,6 +79,34 @@ def round_goodput(jobs: Sequence[SpecJob], off: Sequence[bool], cost: VerifyCost
         if k > 0:
             wait = max(wait, j.draft_fixed_s + j.draft_step_s * k)
     return tokens / (cost.time(rows) + wait)
+
+
+def capped(jobs: Sequence[SpecJob], cap: int | None) -> list[SpecJob]:
+    """``jobs`` with every draft length at most ``cap`` (None: as they are)."""
+    if cap is None:
+        return list(jobs)
+    return [dataclasses.replace(j, k=min(j.k, cap)) if j.k > cap else j for j in jobs]
+
+
+def round_k_cap(jobs: Sequence[SpecJob], cost: VerifyCost | None, cfg: RebalanceConfig) -> int | None:
+    """The longest draft the round should carry (None: no cap). A round waits for its slowest
+    draft, so one request's long draft (its own acceptance is high) makes every request of the
+    round wait for it; each request's k is chosen as if it drafted alone. The cap is the one
+    under which the round's goodput with every request speculating is highest, taken only when it
+    beats no cap by more than ``spec_off_margin``."""
+    if cost is None:
+        return None
+    longest = max((j.k for j in jobs), default=0)
+    if longest <= 1:
+        return None
+    flags = [False] * len(jobs)
+    g_none = round_goodput(jobs, flags, cost)
+    best, best_g = None, g_none
+    for cap in range(1, longest):
+        g = round_goodput(capped(jobs, cap), flags, cost)
+        if g > best_g:
+            best, best_g = cap, g
+    return best if best_g > g_none * (1.0 + cfg.spec_off_margin) else None
 
 
 def plan_speculation(jobs: Sequence[SpecJob], cost: VerifyCost | None, now: float, cfg: RebalanceConfig) -> list[bool]:

@@ -16,7 +16,6 @@ from typing import Any
 from router import policy
 from router.jobs import Job
 from router.rebalance import (
-    REF_K,
     DepthPlan,
     DepthState,
     TargetView,
@@ -25,7 +24,14 @@ from router.rebalance import (
     plan_depth,
     priced_drafter,
 )
-from router.speculation_switch import SpecJob, VerifyCost, plan_speculation, pooled_acceptance
+from router.speculation_switch import (
+    SpecJob,
+    VerifyCost,
+    capped,
+    plan_speculation,
+    pooled_acceptance,
+    round_k_cap,
+)
 from specdec.core.prefill_plan import round_budget
 
 log = logging.getLogger(__name__)
@@ -47,6 +53,7 @@ class TargetBalance:
         self.depth = DepthState()
         self.wait_share = 0.0  # EWMA of the share of round time spent waiting for drafts
         self.pool = (0.0, 0.0)  # (accepted, rejections) of this target's rounds, decayed: ~300 request-rounds
+        self.k_cap: int | None = None  # the last round's cap on draft lengths (round_k_cap)
 
     def observe_outcome(self, drafted: int, accepted: int) -> None:
         """One request's round: ``accepted`` of ``drafted`` draft tokens (the pooled acceptance)."""
@@ -164,8 +171,8 @@ class TargetBalance:
                     auto=j.auto and j.spec != "off" and (free is None or i in free),
                     off=j.spec_off,
                     changed_at=j.spec_changed_at,
-                    draft_step_s=(d.wait(REF_K) - d.fixed_s) / REF_K if d is not None else 0.0,
-                    draft_fixed_s=d.fixed_s if d is not None else 0.0,
+                    draft_step_s=d.price()[1] if d is not None else 0.0,
+                    draft_fixed_s=d.price()[0] if d is not None else 0.0,
                     guessed=j.spec == "draft" and is_guess(d, self.cfg),
                 )
             )
@@ -188,7 +195,7 @@ class TargetBalance:
             return
         now = self.clock()
         jobs = self._spec_jobs(running, ks, now, free=new)
-        flags = plan_speculation(jobs, cost, now, self.cfg)
+        flags = plan_speculation(capped(jobs, round_k_cap(jobs, cost, self.cfg)), cost, now, self.cfg)
         starting_off = [running[i] for i in sorted(new) if flags[i]]
         for j in starting_off:
             j.spec_off, j.spec_changed_at = True, now
@@ -204,13 +211,35 @@ class TargetBalance:
                 1000 * cost.slope,
             )
 
+    def _note_cap(self, cap: int | None, jobs: list[SpecJob], cost: VerifyCost | None) -> None:
+        """Count every capped round; log (debug: it follows each round's mix) when rounds start or
+        stop being capped."""
+        if cap is not None:
+            self.s.metrics.rebalance_actions.labels("k_cap").inc()
+        if (cap is None) != (self.k_cap is None) and cost is not None:
+            log.debug(
+                "draft length on %s: %s (batch of %d wanting k %s; verify %.1f ms, drafts %.1f ms + %.1f ms/step)",
+                self.s.target.name,
+                f"capped at {cap}: a round waits for its longest draft" if cap is not None else "uncapped",
+                len(jobs),
+                [j.k for j in jobs],
+                1000 * cost.t1,
+                1000 * max(j.draft_fixed_s for j in jobs),
+                1000 * max(j.draft_step_s for j in jobs),
+            )
+        self.k_cap = cap
+
     def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
         """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
         if not batch or not self._decided():
             return ks  # off, or not enough measured acceptance to decide anything yet
         now = self.clock()
-        jobs = self._spec_jobs(batch, ks, now)
         cost = self.cost()
+        jobs = self._spec_jobs(batch, ks, now)
+        cap = round_k_cap(jobs, cost, self.cfg)
+        self._note_cap(cap, jobs, cost)
+        jobs = capped(jobs, cap)
+        ks = [j.k for j in jobs]
         flags = plan_speculation(jobs, cost, now, self.cfg)  # unchanged without a measured cost
         changed = [(j, off) for j, off in zip(batch, flags) if off != j.spec_off]
         for j, off in changed:

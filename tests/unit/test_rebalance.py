@@ -21,7 +21,15 @@ from router.rebalance import (
     plan_depth,
     priced_drafter,
 )
-from router.speculation_switch import SpecJob, VerifyCost, plan_speculation, pooled_acceptance, round_goodput
+from router.speculation_switch import (
+    SpecJob,
+    VerifyCost,
+    capped,
+    plan_speculation,
+    pooled_acceptance,
+    round_goodput,
+    round_k_cap,
+)
 from specdec.core.speedup import expected_tokens
 
 CFG = RebalanceConfig()
@@ -312,6 +320,33 @@ def test_speculation_stays_on_while_the_verify_is_memory_bound():
     assert plan_speculation(jobs, None, 10.0, CFG) == [False] * 16
 
 
+def test_one_long_draft_no_longer_makes_plain_decoding_look_faster():
+    """A round waits for its longest draft. Seen in the planner's 70B / A10-drafter runs (verify
+    24.5 ms flat, 6.8 ms per draft step): each request drafts the k its own acceptance earns, one
+    long draft made the round wait for it, all-off won the goodput and the switch turned the whole
+    batch off. Capped, speculating wins."""
+    flat = VerifyCost(t1=0.0245, slope=0.0)
+    jobs = [SpecJob(a=0.9, k=8, draft_step_s=0.0068)] + [SpecJob(a=0.6, k=1, draft_step_s=0.0068)] * 6
+    assert all(plan_speculation(jobs, flat, 10.0, CFG))  # uncapped: everything off
+    cap = round_k_cap(jobs, flat, CFG)
+    assert cap is not None and cap < 8
+    assert not any(plan_speculation(capped(jobs, cap), flat, 10.0, CFG))
+    n = len(jobs)
+    assert round_goodput(capped(jobs, cap), [False] * n, flat) > 1.25 * round_goodput(jobs, [True] * n, flat)
+    # free drafts (n-grams) and a flat verify: a cap would only lose tokens
+    assert round_k_cap([dataclasses.replace(j, draft_step_s=0.0) for j in jobs], flat, CFG) is None
+    assert round_k_cap(jobs, None, CFG) is None
+
+
+def test_drafts_are_priced_by_their_run_and_a_long_memory_of_queueing():
+    """A Propose that queued behind a draft prefill waited several times its run; priced at that,
+    one spike switched whole batches off. The price is the run per step plus the queueing over a
+    long memory; before runs are measured, the wait line."""
+    spiky = DrafterView("a", step_s=0.09, fixed_s=0.0, run_step_s=0.007, queue_s=0.004)
+    assert spiky.price() == (0.004, 0.007)
+    assert DrafterView("a", step_s=0.02, fixed_s=0.008).price() == pytest.approx((0.008, 0.018))
+
+
 def test_speculation_switches_off_lowest_acceptance_first_when_compute_bound_and_back_on():
     rng = random.Random(4)
     jobs = [SpecJob(a=rng.uniform(0.1, 0.9), k=4, draft_step_s=0.005) for _ in range(16)]
@@ -489,3 +524,4 @@ def test_the_pool_measures_a_proposes_run_apart_from_its_queueing():
         pool.end("a", call, True, since=t - 0.04)
     (v,) = pool.views(now[0])
     assert v.step_s == pytest.approx(0.02) and v.run_step_s == pytest.approx(0.01)
+    assert 0 < v.queue_s < 0.2 * 0.04  # each 40 ms wait moves the long memory a little
