@@ -164,6 +164,7 @@ class TargetBalance:
         jobs = []
         for i, (j, k, a) in enumerate(zip(batch, ks, acceptance)):
             d = priced_drafter(j.drafter, views, self.cfg) if j.spec == "draft" else None
+            fixed, step = d.price() if d is not None else (0.0, 0.0)
             jobs.append(
                 SpecJob(
                     a=a,
@@ -171,8 +172,8 @@ class TargetBalance:
                     auto=j.auto and j.spec != "off" and (free is None or i in free),
                     off=j.spec_off,
                     changed_at=j.spec_changed_at,
-                    draft_step_s=d.price()[1] if d is not None else 0.0,
-                    draft_fixed_s=d.price()[0] if d is not None else 0.0,
+                    draft_step_s=step,
+                    draft_fixed_s=fixed,
                     guessed=j.spec == "draft" and is_guess(d, self.cfg),
                 )
             )
