@@ -190,12 +190,6 @@ class DrafterView:
         """Seconds each draft step adds (the device's speed, without RPC and queueing)."""
         return None if self.step_s is None else max(0.0, self.step_s - self.fixed_s / REF_K)
 
-    def wait(self, k: int) -> float:
-        """Expected wait for a draft of k steps here (0 for k = 0 or unmeasured)."""
-        if k <= 0 or self.step_s is None:
-            return 0.0
-        return self.fixed_s + self.per_step_s * k
-
     def price(self) -> tuple[float, float]:
         """(fixed, per step) seconds the speculation switch prices a draft here at: the run time
         per step plus the long-memory queueing, once runs are measured; else the wait line. A

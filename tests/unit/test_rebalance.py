@@ -130,8 +130,8 @@ def test_placement_never_picks_a_drafter_a_move_would_leave_at_once():
 
 def test_a_drafters_wait_is_fixed_plus_per_step():
     d = DrafterView("a", step_s=0.0125, fixed_s=0.01)  # 10 ms per call + 10 ms per step
-    assert d.wait(1) == pytest.approx(0.02) and d.wait(4) == pytest.approx(0.05) and d.wait(0) == 0.0
-    assert DrafterView("b").wait(4) == 0.0  # unmeasured
+    assert d.per_step_s == pytest.approx(0.01) and d.price() == pytest.approx((0.01, 0.01))
+    assert DrafterView("b").price() == (0.0, 0.0)  # unmeasured
 
 
 def test_full_and_down_drafters_get_no_new_requests():
