@@ -68,12 +68,13 @@ def pooled_acceptance(
     return [(a + weight * pooled) / (a + r + weight) for a, r in evidence]
 
 
-def round_goodput(jobs: Sequence[SpecJob], off: Sequence[bool], cost: VerifyCost) -> float:
-    """Tokens per second of one round: B tau / T(B (k + 1)) with per-request a and k, T = the verify
-    time of all rows plus the wait for the slowest draft (draft_fixed_s + draft_step_s x k)."""
+def round_goodput(jobs: Sequence[SpecJob], off: Sequence[bool], cost: VerifyCost, cap: int | None = None) -> float:
+    """Tokens per second of one round: B tau / T(B (k + 1)) with per-request a and k (at most
+    ``cap``), T = the verify time of all rows plus the wait for the slowest draft (draft_fixed_s +
+    draft_step_s x k)."""
     tokens, rows, wait = 0.0, 0, 0.0
     for j, o in zip(jobs, off):
-        k = 0 if o else j.k
+        k = 0 if o else j.k if cap is None else min(j.k, cap)
         tokens += expected_tokens(min(max(j.a, 0.0), 1.0), k)
         rows += k + 1
         if k > 0:
@@ -102,8 +103,8 @@ def round_k_cap(jobs: Sequence[SpecJob], cost: VerifyCost | None, cfg: Rebalance
     flags = [False] * len(jobs)
     g_none = round_goodput(jobs, flags, cost)
     best, best_g = None, g_none
-    for cap in range(1, longest):
-        g = round_goodput(capped(jobs, cap), flags, cost)
+    for cap in range(1, longest):  # every round: priced in place, no capped copies
+        g = round_goodput(jobs, flags, cost, cap)
         if g > best_g:
             best, best_g = cap, g
     return best if best_g > g_none * (1.0 + cfg.spec_off_margin) else None
