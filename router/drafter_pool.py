@@ -54,6 +54,7 @@ class _Waiter:
     started: list | None  # gets True when the call carrying these sequences is sent
     t0: float  # the pool's clock when it was queued
     measure: bool = True  # False: it prefills (its time is not a draft step's)
+    predraft: bool = False  # drafts the next round while the target verifies this one
 
 
 @dataclass
@@ -112,15 +113,21 @@ class DrafterPool:
 
     # ---- Propose, coalesced per drafter ---------------------------------------------------------------
     async def propose(
-        self, name: str, seqs: list[worker_pb2.Sequence], started: list | None = None, measure: bool = True
+        self,
+        name: str,
+        seqs: list[worker_pb2.Sequence],
+        started: list | None = None,
+        measure: bool = True,
+        predraft: bool = False,
     ) -> list[worker_pb2.Draft]:
         """Drafts for ``seqs`` from drafter ``name``, sent with whatever else waits for it. Cancelling
         a call that was not sent yet withdraws it; ``started`` gets True once it is sent. A call
-        carrying one with ``measure`` false (it prefills) does not update the drafter's step time."""
+        carrying one with ``measure`` false (it prefills) does not update the drafter's step time.
+        ``predraft``: drafts for the next round, sent while the target verifies this one."""
         d = self._d.get(name)
         if d is None:
             raise WorkerUnavailable(f"draft worker {name} left the pool")
-        w = _Waiter(seqs, asyncio.get_running_loop().create_future(), started, self.clock(), measure)
+        w = _Waiter(seqs, asyncio.get_running_loop().create_future(), started, self.clock(), measure, predraft)
         d.queue.append(w)
         if d.sender is None or d.sender.done():
             d.sender = asyncio.get_running_loop().create_task(self._send(name, d))
@@ -153,7 +160,7 @@ class DrafterPool:
                 w.started.append(True)  # the call reaches the worker now (before: only queued here)
         call = self.begin(name, steps)
         try:
-            resp = await d.client.call(
+            resp, compute = await d.client.call_timed(
                 "Propose", worker_pb2.ProposeRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
             )
             if len(resp.drafts) != len(seqs):
@@ -167,6 +174,8 @@ class DrafterPool:
             return
         self.end(name, call, True, since=min(w.t0 for w in batch))
         self.metrics.draft_sequences.labels(name).inc(len(seqs))
+        if steps > 0 and compute is not None and not any(w.predraft for w in batch):
+            self.metrics.record_propose(compute, len(seqs), steps)
         i = 0
         for w in batch:
             if not w.future.done():

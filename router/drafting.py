@@ -87,10 +87,15 @@ class DraftSource:
         return name
 
     async def propose(
-        self, name: str, seqs: list[worker_pb2.Sequence], started: list | None = None, measure: bool = True
+        self,
+        name: str,
+        seqs: list[worker_pb2.Sequence],
+        started: list | None = None,
+        measure: bool = True,
+        predraft: bool = False,
     ) -> list[worker_pb2.Draft]:
         assert self.pool is not None
-        return await self.pool.propose(name, seqs, started, measure)
+        return await self.pool.propose(name, seqs, started, measure, predraft)
 
     def _catch_up(self, job: Job, name: str) -> bool:
         """A request that decoded without speculating (switched off, or moved to this drafter)
@@ -259,7 +264,7 @@ class DraftSource:
             seqs.append(sequence_to_proto(job.key, st.tokens + d.tokens, job.params, job.mode, k_next + 1))
             groups[job.drafter][2].append(self._feed(job, job.drafter, len(st.tokens) + len(d.tokens)))
         for name, (idx, seqs, measure) in groups.items():
-            task = self.spawn(self.propose(name, seqs, None, all(measure)))
+            task = self.spawn(self.propose(name, seqs, None, all(measure), predraft=True))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
             for n, i in enumerate(idx):
                 job = batch[i]

@@ -39,6 +39,11 @@ Series:
   ``specdec_target_depth_level{worker}``
   (-1 shallow, 0 normal, 1 deep), ``specdec_drafter_step_seconds{worker}`` (measured seconds per
   draft step), ``specdec_draft_sequences_total{worker}`` (sequences drafted by each drafter).
+* ``specdec_propose_compute_seconds`` (histogram: the draft worker's own compute per Propose of a
+  round's drafts, as it reports it; pre-drafts and Proposes that prefill left out),
+  ``specdec_propose_rows_total`` and ``specdec_propose_steps_total`` (their sequences, and their
+  draft steps: the longest k of each call). `specdec profile --serve-json` reads them to scale
+  the profile's Propose to the service's (cluster/planning/calibration.py).
 * ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
   polled every ``rebalance.period_s`` by router.rebalancer): a leak shows as a count that stays low
   when idle.
@@ -214,6 +219,16 @@ class Metrics:
         self.draft_sequences = Counter(
             "specdec_draft_sequences", "Sequences drafted, by draft worker", ["worker"], registry=r
         )
+        self.propose_compute = Histogram(
+            "specdec_propose_compute_seconds",
+            "Draft worker compute per Propose of a round's drafts (no pre-drafts, no prefills)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.propose_rows = Counter("specdec_propose_rows", "Sequences in the timed Proposes", registry=r)
+        self.propose_steps = Counter(
+            "specdec_propose_steps", "Draft steps of the timed Proposes (the longest k of each)", registry=r
+        )
         self.worker_free_slots = Gauge(
             "specdec_worker_free_slots", "KV-cache slots a worker reports free", ["role", "worker"], registry=r
         )
@@ -225,6 +240,11 @@ class Metrics:
         self.port: int | None = None
 
     # ---- recording helpers -------------------------------------------------------------------
+    def record_propose(self, compute_s: float, rows: int, steps: int) -> None:
+        self.propose_compute.observe(compute_s)
+        self.propose_rows.inc(rows)
+        self.propose_steps.inc(steps)
+
     def record_draft(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return

@@ -1,7 +1,7 @@
 """A profile calibrated by a `specdec bench serve` result of the service it models: the router's
-and the RPCs' time per round, and how much the service's Verify and prefill cost over the profile's
-in-process forwards (``Overhead``). The profile measures the forwards alone; the service adds a Ray
-actor, gRPC and the router, and this is where their share is read off a real run.
+and the RPCs' time per round, and how much the service's Verify, prefill and Propose cost over the
+profile's in-process forwards (``Overhead``). The profile measures the forwards alone; the service
+adds a Ray actor, gRPC and the router, and this is where their share is read off a real run.
 """
 
 from __future__ import annotations
@@ -51,14 +51,18 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     row (k + 1), and ``verify_scale_by_batch`` / ``verify_scale_plain_by_batch`` the median per mean
     batch (rounded) of the speculative / plain scenarios (k under 0.5 per row); where the worker
     reported no compute time, the RPC is folded into the scale. ``prefill_scale``: the prefill
-    phase's time over the profile's prefill of as many mean prompts as the scenario sent. The
-    draft RPC is the draft wait less the Propose the profile predicts for the mean batch and k, read
+    phase's time over the profile's prefill of as many mean prompts as the scenario sent.
+    ``draft_scale``: the median over scenarios of the draft worker's compute per timed Propose over
+    the profile's Propose at that call's mean rows and steps (results from before the draft worker
+    reported its compute: 1). The draft RPC is the draft wait less the Propose the profile predicts
+    (so scaled) for the mean batch and k, read
     only from scenarios where no round failed open: such a round waited out its draft deadline,
     which the simulator models itself (read as RPC time, a float32 c=8 run's waits priced every
     Propose 1 s dearer, and the simulated router then failed open 6x as often as the service)."""
     prefill_ms = _prompt_prefill_ms(profile)
+    propose = profile.draft_propose if profile is not None else None
     points = []
-    rpc, drpc, scales, prefill_scales = [], [], [], []
+    rpc, draft_waits, scales, prefill_scales, draft_scales = [], [], [], [], []
     by_batch: dict[bool, dict[int, list[float]]] = {True: {}, False: {}}  # plain? -> batch -> scales
     for r in result.get("results", []):
         s, split = r.get("summary", {}), r.get("summary", {}).get("split")
@@ -80,16 +84,21 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
                 by_batch[k < 0.5].setdefault(max(1, round(batch)), []).append(scales[-1])
         if prefill_ms > 0 and split.get("prefill_ms_per_round") and s.get("requests"):
             prefill_scales.append(split["prefill_ms_per_round"] * split["rounds"] / (prefill_ms * s["requests"]))
+        if propose is not None and split.get("proposes"):
+            predicted = propose.at(split["propose_rows"], split["propose_steps"])
+            if predicted > 0:
+                draft_scales.append(split["propose_compute_ms"] / predicted)
         if k > 0 and split.get("draft_wait_ms_per_round") and not s.get("fail_open_rounds"):
-            grid = profile.draft_propose if profile is not None else None
-            predicted = grid.at(batch, k) if grid is not None else 0.0
-            drpc.append(max(0.0, split["draft_wait_ms_per_round"] - predicted))
+            predicted = propose.at(batch, k) if propose is not None else 0.0
+            draft_waits.append((split["draft_wait_ms_per_round"], predicted))
     if not points:
         raise ValueError("the bench serve result has no round split (was the router's /metrics reachable?)")
     line = least_squares_line(points)
     fixed, per_row = line if line is not None and line[0] >= 0 and line[1] >= 0 else (0.0, 0.0)
     if per_row == 0.0:
         fixed = sum(t for _, t in points) / len(points)
+    draft_scale = round(statistics.median(draft_scales), 3) if draft_scales else 1.0
+    drpc = [max(0.0, wait - draft_scale * predicted) for wait, predicted in draft_waits]
     if rpc:
         verify_rpc = sum(rpc) / len(rpc)
     else:  # unmeasured: in the scale when there is one
@@ -103,5 +112,6 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
         verify_scale_by_batch=_medians(by_batch[False]),
         verify_scale_plain_by_batch=_medians(by_batch[True]),
         prefill_scale=round(statistics.median(prefill_scales), 3) if prefill_scales else 1.0,
+        draft_scale=draft_scale,
         source=f"bench serve result ({len(points)} scenarios)",
     )

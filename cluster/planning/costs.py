@@ -47,10 +47,17 @@ class Costs:
 
 
 class ProfileCosts(Costs):
-    """Costs measured by ``specdec profile`` on one machine (the machine's own device and models)."""
+    """Costs measured by ``specdec profile`` on one machine (the machine's own device and models).
 
-    def __init__(self, profile: Profile, drafter: str = "draft"):
+    ``shared_device``: the draft model runs on the target's device (one CPU machine), as the
+    simulator's colocated deployment has it. Speculative verifies are then priced at the plain
+    rounds' calibration scale: the service's speculative Verifies ran beside its drafter's
+    pre-drafts and draft prefills, which the simulator's shared device adds itself, so their own
+    scale would count that work twice (bench/NOTES.md, fifth session)."""
+
+    def __init__(self, profile: Profile, drafter: str = "draft", shared_device: bool = False):
         self.p = profile
+        self.shared_device = shared_device
         stats = profile.drafters.get(drafter)
         self.draft_is_model = drafter == "draft"
         if self.draft_is_model and profile.draft_forward is None:
@@ -66,7 +73,7 @@ class ProfileCosts(Costs):
         self._overhead = o
 
     def verify_s(self, batch: int, tokens_per_row: int, context: int) -> float:
-        scale = self._overhead.verify_scale_at(batch, tokens_per_row)
+        scale = self._overhead.verify_scale_at(batch, 1 if self.shared_device else tokens_per_row)
         return self.p.target_forward.at(batch, tokens_per_row) * scale / 1e3
 
     def prefill_s(self, rows: int, width: int, context: int = 0) -> float:
@@ -76,7 +83,7 @@ class ProfileCosts(Costs):
         if not self.draft_is_model or k <= 0:
             return 0.0
         if self.p.draft_propose is not None:
-            return self.p.draft_propose.at(batch, k) / 1e3
+            return self.p.draft_propose.at(batch, k) * self._overhead.draft_scale / 1e3
         grid = self.p.draft_forward
         assert grid is not None
         batch_scale = grid.at(batch, 1) / grid.at(1, 1)

@@ -57,7 +57,7 @@ def _deployment(profile: Profile, serve: ServeConfig, mode: str, colocated: bool
     model_draft = draft is not None and draft.worker.model != "ngram"
     drafter = "draft" if model_draft and serve.router.default_mode == "draft" else "ngram"
     return Deployment(
-        costs=ProfileCosts(profile, drafter),
+        costs=ProfileCosts(profile, drafter, shared_device=colocated and drafter == "draft"),
         policy=RouterPolicy(serve.router),
         groups=serve.target.replicas,
         drafts=draft.replicas if model_draft else 0,

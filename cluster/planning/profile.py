@@ -138,7 +138,10 @@ class Overhead:
     moments, so its batch shape is off too), interpolated, used when there are any;
     ``verify_scale_plain_by_batch``: the same from plain-decoding rounds (one token per row, whose
     scale differed from the speculative rounds' by 20-30 % at batch 1). ``prefill_scale``: the
-    service's prefill time over the profile's prefill curve for the same prompts."""
+    service's prefill time over the profile's prefill curve for the same prompts. ``draft_scale``:
+    the draft worker's Propose compute in the service over the profile's Propose at the same rows
+    and steps (the service drafts the target's text, whose prompt-lookup guesses hit more often
+    than in the profile's own continuations)."""
 
     router_ms: float = 1.0
     router_ms_per_row: float = 0.0
@@ -148,6 +151,7 @@ class Overhead:
     verify_scale_by_batch: list[list[float]] = field(default_factory=list)
     verify_scale_plain_by_batch: list[list[float]] = field(default_factory=list)
     prefill_scale: float = 1.0
+    draft_scale: float = 1.0
     source: str = "default (not measured)"
 
     def verify_scale_at(self, batch: float, tokens_per_row: int = 2) -> float:

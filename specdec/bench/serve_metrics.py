@@ -1,6 +1,7 @@
 """Where a `specdec bench serve` scenario's round time went, from the router's ``/metrics``
 scraped before and after it: draft wait, verify, RPC and router time per round, draft tokens per
-round, pre-draft hits, and c (draft time per token / verify time) with the sequential bound."""
+round, pre-draft hits, the draft worker's compute per Propose with that Propose's rows and steps,
+and c (draft time per token / verify time) with the sequential bound."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ def scrape(url: str | None) -> dict[str, float] | None:
                 "specdec_accepted_tokens_total",
                 "specdec_predraft_total",
                 "specdec_fail_open_rounds_total",
+                "specdec_propose_compute_seconds_sum",
+                "specdec_propose_compute_seconds_count",
+                "specdec_propose_rows_total",
+                "specdec_propose_steps_total",
             ):
                 key = s.name + ("".join(f":{v}" for v in s.labels.values()))
                 out[key] = out.get(key, 0.0) + s.value
@@ -56,6 +61,12 @@ def phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | Non
         if f"sum:{phase}" in after:
             split[f"{phase}_ms_per_round"] = round(1000.0 * d(f"sum:{phase}") / rounds, 3)
     split["drafted_per_round"] = round(d("specdec_drafted_tokens_total") / rounds, 3)
+    proposes = d("specdec_propose_compute_seconds_count")
+    if proposes > 0:  # the draft worker's compute per timed Propose, and that Propose's size
+        split["proposes"] = int(proposes)
+        split["propose_compute_ms"] = round(1000.0 * d("specdec_propose_compute_seconds_sum") / proposes, 3)
+        split["propose_rows"] = round(d("specdec_propose_rows_total") / proposes, 3)
+        split["propose_steps"] = round(d("specdec_propose_steps_total") / proposes, 3)
     hits, misses = d("specdec_predraft_total:hit"), d("specdec_predraft_total:miss")
     if hits + misses > 0:
         split["predraft_hit_rate"] = round(hits / (hits + misses), 3)

@@ -449,5 +449,9 @@ def test_bench_serve_drives_the_service(service, engine):
     assert rows[("closed c=1", "off")]["agreement_with_engine"] == 1.0
     assert "speedup_vs_off" in rows[("closed c=2", "auto")] and "service_vs_engine" in rows[("closed c=1", "auto")]
     assert rows[("closed c=2", "auto")]["split"]["rounds"] > 0
+    # the draft worker's compute per Propose, and the Propose's size (the calibration reads them)
+    drafts = rows[("closed c=1", "auto")]["split"]
+    assert drafts["proposes"] > 0 and drafts["propose_compute_ms"] > 0 and drafts["propose_rows"] == 1
+    assert 1 <= drafts["propose_steps"] <= 12 and "proposes" not in rows[("closed c=1", "off")]["split"]
     table = format_table(result)
     assert "closed c=1" in table and "poisson 20.0/s" in table and "engine" in table

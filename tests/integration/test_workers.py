@@ -255,6 +255,13 @@ def test_verify_with_empty_draft(workers, reference):
     # Propose with k = 0 drafts nothing.
     (d,) = workers.draft.stub.Propose(worker_pb2.ProposeRequest(sequences=[seq])).drafts
     assert list(d.tokens) == [] and list(d.dists) == []
+    # the draft worker reports its compute too (the calibration scales the profile's Propose by it)
+    t0 = time.monotonic()
+    drafting = sequence_to_proto("k0", prompt, GREEDY, VerifyMode.GREEDY, 3)
+    resp, call = workers.draft.stub.Propose.with_call(worker_pb2.ProposeRequest(sequences=[drafting]))
+    wall = time.monotonic() - t0
+    assert len(resp.drafts[0].tokens) == 3 and 0 < float(dict(call.trailing_metadata())[COMPUTE_METADATA_KEY]) < wall
+    workers.draft.stub.Release(worker_pb2.ReleaseRequest(request_ids=["k0"]))
     rel = workers.target.stub.Release(worker_pb2.ReleaseRequest(request_ids=["k0", "never-seen"]))
     assert rel.released == 1
 

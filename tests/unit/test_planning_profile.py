@@ -138,6 +138,10 @@ def test_verify_scale_and_rpc_come_from_the_workers_compute_in_the_service():
     only_plain = Overhead(verify_scale=1.1, verify_scale_plain_by_batch=[[1, 1.2]])
     assert only_plain.verify_scale_at(4) == 1.2 and Overhead(verify_scale=1.1).verify_scale_at(4) == 1.1
     assert costs.prefill_s(1, 160) == pytest.approx(2.5)
+    # with the draft on the target's device, speculative verifies take the plain rounds' scale: the
+    # service's ran beside its drafter's work, which the simulator's shared device adds itself
+    shared = ProfileCosts(profile, "ngram", shared_device=True)
+    assert shared.verify_s(4, 5, 168) == pytest.approx(0.45)  # 1.5 x 300 ms
     # older results: no rpc phase (the RPC goes into the scale), prefills inside the router phase
     old = {"results": [_serve_scenario(g, b, k, 1.5, rpc=None, prefill=False) for b, k, _ in cases]}
     o = overhead_from_bench(old, profile)
@@ -155,6 +159,34 @@ def test_the_draft_rpc_is_read_only_from_scenarios_without_fail_open():
     assert overhead_from_bench({"results": [late]}).draft_rpc_ms == Overhead.draft_rpc_ms  # nothing to read
     clean = _serve_scenario(g, 1, 4, 1.0, rpc=3.0, prefill=True)  # draft wait 20 ms, no grid: all of it
     assert overhead_from_bench({"results": [late, clean]}).draft_rpc_ms == pytest.approx(20.0)
+
+
+def test_the_draft_scale_comes_from_the_draft_workers_compute_per_propose():
+    """The service's Propose (its compute, as the draft worker reports it) over the profile's at the
+    same rows and steps; the draft RPC is then the draft wait less the scaled Propose."""
+    propose = Grid([1, 8], [1, 8], [[20.0, 160.0], [40.0, 320.0]])
+    profile = dataclasses.replace(_grid_profile(), draft_forward=propose, draft_propose=propose)
+    g = profile.target_forward
+
+    def scenario(rows: int, steps: int, compute_ms: float) -> dict:
+        sc = _serve_scenario(g, rows, steps, 1.0, rpc=3.0, prefill=True)
+        split = sc["summary"]["split"]
+        split["draft_wait_ms_per_round"] = compute_ms + 5.0  # 5 ms of RPC beside the compute
+        split.update(proposes=40, propose_compute_ms=compute_ms, propose_rows=rows, propose_steps=steps)
+        return sc
+
+    # the profile says 160 ms (1 row, 8 steps), 320 ms (8 rows, 8 steps) and 40 ms (8 rows, 1 step);
+    # the service took 0.7x, 0.7x and 0.9x of that: the median is 0.7
+    bench = {"results": [scenario(1, 8, 112.0), scenario(8, 8, 224.0), scenario(8, 1, 36.0)]}
+    o = overhead_from_bench(bench, profile)
+    assert o.draft_scale == pytest.approx(0.7) and o.draft_rpc_ms == pytest.approx(5.0)
+    profile.overhead = o
+    costs = ProfileCosts(profile, "draft")
+    assert costs.draft_s(8, 8, 168) == pytest.approx(0.7 * 0.32)
+    # results from before the draft worker reported its compute: no scale
+    for sc in bench["results"]:
+        del sc["summary"]["split"]["proposes"]
+    assert overhead_from_bench(bench, profile).draft_scale == 1.0
 
 
 def test_simulate_command_predicts_and_compares(tiny_profile, tmp_path, capsys):
