@@ -60,8 +60,10 @@ class _Budget:
     share and those before it) and always gets its first measurement while any time is left, so a
     slow machine yields a coarser profile of every part rather than a fine grid and nothing else.
     The parts without which the profile predicts nothing (the target's forwards and prefill, the
-    acceptance run) always get their first measurement (the one overrun the budget allows). The
-    clock starts once the models are loaded."""
+    acceptance run) always get their first measurements (the one overrun the budget allows): one,
+    and two prompt lengths for the target's prefill (a forward's time has a fixed part, which one
+    point would leave out: its curve then prices a prefill in proportion to its tokens). The clock
+    starts once the models are loaded."""
 
     def __init__(self, seconds: float, progress: Callable[[str], None]):
         self.t0 = time.monotonic()
@@ -69,12 +71,12 @@ class _Budget:
         self.progress = progress
         self.skipped: list[str] = []
         self.part_end = math.inf
-        self.first = True
+        self.taken = 0  # measurements of the current part
 
     def part(self, until: float) -> None:
         """The next part ends at ``until`` x the budget from the start."""
         self.part_end = self.t0 + until * self.seconds
-        self.first = True
+        self.taken = 0
 
     @property
     def elapsed(self) -> float:
@@ -83,10 +85,11 @@ class _Budget:
     def left(self) -> float:
         return self.seconds - self.elapsed
 
-    def allow(self, part: str, estimate_s: float = 0.0, must: bool = False) -> bool:
-        in_part = self.first or time.monotonic() + estimate_s < self.part_end
-        if (self.left() > estimate_s and in_part) or (must and self.first):
-            self.first = False
+    def allow(self, part: str, estimate_s: float = 0.0, must: int = 0) -> bool:
+        """Whether to measure ``part`` now; the first ``must`` measurements of a part always are."""
+        in_part = self.taken == 0 or time.monotonic() + estimate_s < self.part_end
+        if (self.left() > estimate_s and in_part) or self.taken < must:
+            self.taken += 1
             self.progress(f"[{self.elapsed:6.1f} s] {part}")
             return True
         self.progress(f"[{self.elapsed:6.1f} s] skipped (budget): {part}")
@@ -178,7 +181,9 @@ def _grid(runner, opts: ProfileOptions, sizes: tuple[int, ...], budget: _Budget,
     samples: dict[tuple[int, int], list[float]] = {}
     try:
         for b in opts.batches:
-            if not budget.allow(f"{what} forward, batch {b}, tokens per row {list(sizes)}", 0.0, must=what == "target"):
+            if not budget.allow(
+                f"{what} forward, batch {b}, tokens per row {list(sizes)}", 0.0, must=int(what == "target")
+            ):
                 break
             held[b] = [runner.alloc_slot() for _ in range(b)]
             runner.forward(held[b], [context] * b, num_logits=0)
@@ -212,7 +217,8 @@ def _prefill_curve(runner, opts: ProfileOptions, budget: _Budget, what: str) -> 
     samples: dict[int, list[float]] = {}
     try:
         for n in opts.prefill_lengths:
-            if n + 1 > runner.max_len or not budget.allow(f"{what} prefill of {n} tokens", 0.0, must=what == "target"):
+            must = 2 if what == "target" else 0
+            if n + 1 > runner.max_len or not budget.allow(f"{what} prefill of {n} tokens", 0.0, must=must):
                 break
             time_once(n)  # warm-up
             samples[n] = [time_once(n)]
@@ -303,7 +309,7 @@ def _acceptance(engine_factory, name: str, prompts, tokenizer, opts: ProfileOpti
     timing: list[tuple[int, float]] = []
     last = 0.0
     for prompt in prompts:
-        if not budget.allow(f"acceptance, {name} drafter: {prompt.id}", last, must=True):
+        if not budget.allow(f"acceptance, {name} drafter: {prompt.id}", last, must=1):
             break
         t0 = time.monotonic()
         ids = encode(tokenizer, prompt)

@@ -66,7 +66,8 @@ def test_profile_measures_every_part_and_says_where_it_came_from(tiny_profile, t
 def test_no_budget_still_measures_what_a_profile_needs(tiny_paths, prompts_file):
     opts = ProfileOptions(dtype="float32", prompts=str(prompts_file), max_tokens=8, budget_s=0.0, batches=(1, 2))
     p = take_profile(str(tiny_paths["llama"]), None, opts)
-    assert p.target_forward.batch == [1] and len(p.target_prefill.tokens) == 1  # one measurement each
+    assert p.target_forward.batch == [1]  # one measurement each, and two prompt lengths for the prefill:
+    assert len(p.target_prefill.tokens) == 2  # a forward's fixed part (one point would price it as 0)
     assert [len(s.requests) for s in p.drafters.values()] == [1] and set(p.drafters) == {"ngram"}
     assert any("batch 2" in part for part in p.skipped)
 
