@@ -54,9 +54,9 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     phase's time over the profile's prefill of as many mean prompts as the scenario sent.
     ``draft_scale``: the median over scenarios of the draft worker's compute per timed Propose over
     the profile's Propose at that call's mean rows and steps (results from before the draft worker
-    reported its compute: 1). The draft RPC is the draft wait less the Propose the profile predicts
-    (so scaled) for the mean batch and k, read
-    only from scenarios where no round failed open: such a round waited out its draft deadline,
+    reported its compute: 1), and ``draft_scale_by_batch`` the median per mean rows (rounded). The
+    draft RPC is the draft wait less the Propose the profile predicts (so scaled) for the mean batch
+    and k, read only from scenarios where no round failed open: such a round waited out its draft deadline,
     which the simulator models itself (read as RPC time, a float32 c=8 run's waits priced every
     Propose 1 s dearer, and the simulated router then failed open 6x as often as the service)."""
     prefill_ms = _prompt_prefill_ms(profile)
@@ -64,6 +64,7 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     points = []
     rpc, draft_waits, scales, prefill_scales, draft_scales = [], [], [], [], []
     by_batch: dict[bool, dict[int, list[float]]] = {True: {}, False: {}}  # plain? -> batch -> scales
+    draft_by_rows: dict[int, list[float]] = {}
     for r in result.get("results", []):
         s, split = r.get("summary", {}), r.get("summary", {}).get("split")
         if not split or r.get("mode") == "engine" or not split.get("rounds"):
@@ -88,17 +89,21 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
             predicted = propose.at(split["propose_rows"], split["propose_steps"])
             if predicted > 0:
                 draft_scales.append(split["propose_compute_ms"] / predicted)
+                draft_by_rows.setdefault(max(1, round(split["propose_rows"])), []).append(draft_scales[-1])
         if k > 0 and split.get("draft_wait_ms_per_round") and not s.get("fail_open_rounds"):
             predicted = propose.at(batch, k) if propose is not None else 0.0
-            draft_waits.append((split["draft_wait_ms_per_round"], predicted))
+            draft_waits.append((batch, split["draft_wait_ms_per_round"], predicted))
     if not points:
         raise ValueError("the bench serve result has no round split (was the router's /metrics reachable?)")
     line = least_squares_line(points)
     fixed, per_row = line if line is not None and line[0] >= 0 and line[1] >= 0 else (0.0, 0.0)
     if per_row == 0.0:
         fixed = sum(t for _, t in points) / len(points)
-    draft_scale = round(statistics.median(draft_scales), 3) if draft_scales else 1.0
-    drpc = [max(0.0, wait - draft_scale * predicted) for wait, predicted in draft_waits]
+    drafts = Overhead(
+        draft_scale=round(statistics.median(draft_scales), 3) if draft_scales else 1.0,
+        draft_scale_by_batch=_medians(draft_by_rows),
+    )
+    drpc = [max(0.0, wait - drafts.draft_scale_at(b) * predicted) for b, wait, predicted in draft_waits]
     if rpc:
         verify_rpc = sum(rpc) / len(rpc)
     else:  # unmeasured: in the scale when there is one
@@ -112,6 +117,7 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
         verify_scale_by_batch=_medians(by_batch[False]),
         verify_scale_plain_by_batch=_medians(by_batch[True]),
         prefill_scale=round(statistics.median(prefill_scales), 3) if prefill_scales else 1.0,
-        draft_scale=draft_scale,
+        draft_scale=drafts.draft_scale,
+        draft_scale_by_batch=drafts.draft_scale_by_batch,
         source=f"bench serve result ({len(points)} scenarios)",
     )

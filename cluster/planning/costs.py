@@ -83,7 +83,7 @@ class ProfileCosts(Costs):
         if not self.draft_is_model or k <= 0:
             return 0.0
         if self.p.draft_propose is not None:
-            return self.p.draft_propose.at(batch, k) * self._overhead.draft_scale / 1e3
+            return self.p.draft_propose.at(batch, k) * self._overhead.draft_scale_at(batch) / 1e3
         grid = self.p.draft_forward
         assert grid is not None
         batch_scale = grid.at(batch, 1) / grid.at(1, 1)

@@ -140,8 +140,8 @@ class Overhead:
     scale differed from the speculative rounds' by 20-30 % at batch 1). ``prefill_scale``: the
     service's prefill time over the profile's prefill curve for the same prompts. ``draft_scale``:
     the draft worker's Propose compute in the service over the profile's Propose at the same rows
-    and steps (the service drafts the target's text, whose prompt-lookup guesses hit more often
-    than in the profile's own continuations)."""
+    and steps; ``draft_scale_by_batch``: the same as [mean rows, scale] points, used when there are
+    any (on the float32 Qwen pair it went from 1.9 at one row to 1.0 at six: bench/NOTES.md)."""
 
     router_ms: float = 1.0
     router_ms_per_row: float = 0.0
@@ -152,21 +152,31 @@ class Overhead:
     verify_scale_plain_by_batch: list[list[float]] = field(default_factory=list)
     prefill_scale: float = 1.0
     draft_scale: float = 1.0
+    draft_scale_by_batch: list[list[float]] = field(default_factory=list)
     source: str = "default (not measured)"
 
     def verify_scale_at(self, batch: float, tokens_per_row: int = 2) -> float:
         """The scale for a verify of ``batch`` rows of ``tokens_per_row`` tokens: the points of its
         kind (plain or speculative), else the other kind's, else ``verify_scale``."""
         plain, spec = self.verify_scale_plain_by_batch, self.verify_scale_by_batch
-        pts = sorted((plain or spec) if tokens_per_row <= 1 else (spec or plain))
-        if not pts:
-            return self.verify_scale
-        if batch <= pts[0][0]:
-            return pts[0][1]
-        for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
-            if batch <= b1:
-                return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
-        return pts[-1][1]
+        return _scale_at((plain or spec) if tokens_per_row <= 1 else (spec or plain), batch, self.verify_scale)
+
+    def draft_scale_at(self, batch: float) -> float:
+        """The scale for a Propose of ``batch`` rows: its points, else ``draft_scale``."""
+        return _scale_at(self.draft_scale_by_batch, batch, self.draft_scale)
+
+
+def _scale_at(points: list[list[float]], batch: float, default: float) -> float:
+    """[batch, scale] points interpolated at ``batch`` (flat past both ends); ``default`` without any."""
+    pts = sorted(points)
+    if not pts:
+        return default
+    if batch <= pts[0][0]:
+        return pts[0][1]
+    for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
+        if batch <= b1:
+            return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
+    return pts[-1][1]
 
 
 @dataclass

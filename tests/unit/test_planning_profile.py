@@ -177,17 +177,20 @@ def test_the_draft_scale_comes_from_the_draft_workers_compute_per_propose():
         return sc
 
     # the profile says 160 ms (1 row, 8 steps), 320 ms (8 rows, 8 steps) and 40 ms (8 rows, 1 step);
-    # the service took 0.7x, 0.7x and 0.9x of that: the median is 0.7
-    bench = {"results": [scenario(1, 8, 112.0), scenario(8, 8, 224.0), scenario(8, 1, 36.0)]}
+    # the service took 1.6x of it at one row and 0.8x at eight (a scale that depends on the batch,
+    # as the float32 Qwen pair's did): by batch, and 0.8 overall (the median)
+    bench = {"results": [scenario(1, 8, 256.0), scenario(8, 8, 256.0), scenario(8, 1, 32.0)]}
     o = overhead_from_bench(bench, profile)
-    assert o.draft_scale == pytest.approx(0.7) and o.draft_rpc_ms == pytest.approx(5.0)
+    assert o.draft_scale == pytest.approx(0.8) and o.draft_scale_by_batch == [[1, 1.6], [8, 0.8]]
+    assert o.draft_rpc_ms == pytest.approx(5.0)  # each wait less its own batch's scaled Propose
     profile.overhead = o
     costs = ProfileCosts(profile, "draft")
-    assert costs.draft_s(8, 8, 168) == pytest.approx(0.7 * 0.32)
+    assert costs.draft_s(8, 8, 168) == pytest.approx(0.8 * 0.32) and costs.draft_s(1, 8, 168) == pytest.approx(0.256)
+    assert o.draft_scale_at(4.5) == pytest.approx(1.2) and Overhead(draft_scale=0.9).draft_scale_at(3) == 0.9
     # results from before the draft worker reported its compute: no scale
     for sc in bench["results"]:
         del sc["summary"]["split"]["proposes"]
-    assert overhead_from_bench(bench, profile).draft_scale == 1.0
+    assert overhead_from_bench(bench, profile).draft_scale_at(4) == 1.0
 
 
 def test_simulate_command_predicts_and_compares(tiny_profile, tmp_path, capsys):
