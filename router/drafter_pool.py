@@ -159,6 +159,7 @@ class DrafterPool:
             if w.started is not None:
                 w.started.append(True)  # the call reaches the worker now (before: only queued here)
         call = self.begin(name, steps)
+        t_sent = time.perf_counter()  # inside the client lock: no other Propose or Prefill runs on it
         try:
             resp, compute = await d.client.call_timed(
                 "Propose", worker_pb2.ProposeRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
@@ -172,10 +173,11 @@ class DrafterPool:
                     w.future.set_exception(exc)
                     w.future.exception()  # retrieved: a withdrawn waiter must not warn
             return
+        wall = time.perf_counter() - t_sent
         self.end(name, call, True, since=min(w.t0 for w in batch))
         self.metrics.draft_sequences.labels(name).inc(len(seqs))
         if steps > 0 and compute is not None and not any(w.predraft for w in batch):
-            self.metrics.record_propose(compute, len(seqs), steps)
+            self.metrics.record_propose(compute, wall, len(seqs), steps)
         i = 0
         for w in batch:
             if not w.future.done():

@@ -41,6 +41,8 @@ Series:
   draft step), ``specdec_draft_sequences_total{worker}`` (sequences drafted by each drafter).
 * ``specdec_propose_compute_seconds`` (histogram: the draft worker's own compute per Propose of a
   round's drafts, as it reports it; pre-drafts and Proposes that prefill left out),
+  ``specdec_propose_rpc_seconds`` (the same calls' wall time less that compute: gRPC,
+  serialisation and the worker's scheduling, as the ``rpc`` round phase is for the Verify),
   ``specdec_propose_rows_total`` and ``specdec_propose_steps_total`` (their sequences, and their
   draft steps: the longest k of each call). `specdec profile --serve-json` reads them to scale
   the profile's Propose to the service's (cluster/planning/calibration.py).
@@ -225,6 +227,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.propose_rpc = Histogram(
+            "specdec_propose_rpc_seconds",
+            "Wall time of each timed Propose less the draft worker's compute",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.propose_rows = Counter("specdec_propose_rows", "Sequences in the timed Proposes", registry=r)
         self.propose_steps = Counter(
             "specdec_propose_steps", "Draft steps of the timed Proposes (the longest k of each)", registry=r
@@ -240,8 +248,9 @@ class Metrics:
         self.port: int | None = None
 
     # ---- recording helpers -------------------------------------------------------------------
-    def record_propose(self, compute_s: float, rows: int, steps: int) -> None:
+    def record_propose(self, compute_s: float, wall_s: float, rows: int, steps: int) -> None:
         self.propose_compute.observe(compute_s)
+        self.propose_rpc.observe(max(0.0, wall_s - compute_s))
         self.propose_rows.inc(rows)
         self.propose_steps.inc(steps)
 

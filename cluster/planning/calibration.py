@@ -55,14 +55,17 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     ``draft_scale``: the median over scenarios of the draft worker's compute per timed Propose over
     the profile's Propose at that call's mean rows and steps (results from before the draft worker
     reported its compute: 1), and ``draft_scale_by_batch`` the median per mean rows (rounded). The
-    draft RPC is the draft wait less the Propose the profile predicts (so scaled) for the mean batch
-    and k, read only from scenarios where no round failed open: such a round waited out its draft deadline,
-    which the simulator models itself (read as RPC time, a float32 c=8 run's waits priced every
-    Propose 1 s dearer, and the simulated router then failed open 6x as often as the service)."""
+    draft RPC is the timed Proposes' wall less that compute (``propose_rpc_ms``), the mean over
+    scenarios. Results from before the router measured it read it from the draft wait less the
+    Propose the profile predicts (so scaled) for the mean batch and k, only in scenarios where no
+    round failed open: such a round waited out its draft deadline, which the simulator models itself
+    (read as RPC time, a float32 c=8 run's waits priced every Propose 1 s dearer, and the simulated
+    router then failed open 6x as often as the service). That reading also holds every wait for a
+    pre-draft: 208-538 ms on the float32 Qwen pair at one and two clients."""
     prefill_ms = _prompt_prefill_ms(profile)
     propose = profile.draft_propose if profile is not None else None
     points = []
-    rpc, draft_waits, scales, prefill_scales, draft_scales = [], [], [], [], []
+    rpc, draft_rpc, draft_waits, scales, prefill_scales, draft_scales = [], [], [], [], [], []
     by_batch: dict[bool, dict[int, list[float]]] = {True: {}, False: {}}  # plain? -> batch -> scales
     draft_by_rows: dict[int, list[float]] = {}
     for r in result.get("results", []):
@@ -90,6 +93,8 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
             if predicted > 0:
                 draft_scales.append(split["propose_compute_ms"] / predicted)
                 draft_by_rows.setdefault(max(1, round(split["propose_rows"])), []).append(draft_scales[-1])
+        if split.get("proposes") and split.get("propose_rpc_ms") is not None:
+            draft_rpc.append(split["propose_rpc_ms"])
         if k > 0 and split.get("draft_wait_ms_per_round") and not s.get("fail_open_rounds"):
             predicted = propose.at(batch, k) if propose is not None else 0.0
             draft_waits.append((batch, split["draft_wait_ms_per_round"], predicted))
@@ -103,7 +108,10 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
         draft_scale=round(statistics.median(draft_scales), 3) if draft_scales else 1.0,
         draft_scale_by_batch=_medians(draft_by_rows),
     )
-    drpc = [max(0.0, wait - drafts.draft_scale_at(b) * predicted) for b, wait, predicted in draft_waits]
+    if draft_rpc:  # measured
+        drpc = [sum(draft_rpc) / len(draft_rpc)]
+    else:  # results from before the router measured it: read from the draft wait
+        drpc = [max(0.0, wait - drafts.draft_scale_at(b) * predicted) for b, wait, predicted in draft_waits]
     if rpc:
         verify_rpc = sum(rpc) / len(rpc)
     else:  # unmeasured: in the scale when there is one

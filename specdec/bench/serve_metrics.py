@@ -1,7 +1,8 @@
 """Where a `specdec bench serve` scenario's round time went, from the router's ``/metrics``
 scraped before and after it: draft wait, verify, RPC and router time per round, draft tokens per
-round, pre-draft hits, the draft worker's compute per Propose with that Propose's rows and steps,
-and c (draft time per token / verify time) with the sequential bound."""
+round, pre-draft hits, the draft worker's compute per Propose (and the rest of its wall: RPC) with
+that Propose's rows and steps, and c (draft time per token / verify time) with the sequential
+bound."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def scrape(url: str | None) -> dict[str, float] | None:
                 "specdec_fail_open_rounds_total",
                 "specdec_propose_compute_seconds_sum",
                 "specdec_propose_compute_seconds_count",
+                "specdec_propose_rpc_seconds_sum",
                 "specdec_propose_rows_total",
                 "specdec_propose_steps_total",
             ):
@@ -65,6 +67,8 @@ def phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | Non
     if proposes > 0:  # the draft worker's compute per timed Propose, and that Propose's size
         split["proposes"] = int(proposes)
         split["propose_compute_ms"] = round(1000.0 * d("specdec_propose_compute_seconds_sum") / proposes, 3)
+        if "specdec_propose_rpc_seconds_sum" in after:
+            split["propose_rpc_ms"] = round(1000.0 * d("specdec_propose_rpc_seconds_sum") / proposes, 3)
         split["propose_rows"] = round(d("specdec_propose_rows_total") / proposes, 3)
         split["propose_steps"] = round(d("specdec_propose_steps_total") / proposes, 3)
     hits, misses = d("specdec_predraft_total:hit"), d("specdec_predraft_total:miss")

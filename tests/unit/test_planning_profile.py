@@ -187,6 +187,12 @@ def test_the_draft_scale_comes_from_the_draft_workers_compute_per_propose():
     costs = ProfileCosts(profile, "draft")
     assert costs.draft_s(8, 8, 168) == pytest.approx(0.8 * 0.32) and costs.draft_s(1, 8, 168) == pytest.approx(0.256)
     assert o.draft_scale_at(4.5) == pytest.approx(1.2) and Overhead(draft_scale=0.9).draft_scale_at(3) == 0.9
+    # the router's own measure of the draft RPC (each timed Propose's wall less its compute) wins
+    # over the draft wait, which also holds waits for pre-drafts (here 300 ms of them)
+    for sc, measured in zip(bench["results"], (2.0, 4.0, 6.0)):
+        sc["summary"]["split"]["draft_wait_ms_per_round"] += 300.0
+        sc["summary"]["split"]["propose_rpc_ms"] = measured
+    assert overhead_from_bench(bench, profile).draft_rpc_ms == pytest.approx(4.0)
     # results from before the draft worker reported its compute: no scale
     for sc in bench["results"]:
         del sc["summary"]["split"]["proposes"]
