@@ -39,6 +39,22 @@ def _medians(by_batch: dict[int, list[float]]) -> list[list[float]]:
     return [[b, round(statistics.median(v), 3)] for b, v in sorted(by_batch.items())]
 
 
+# The rows the timed Proposes must span for a line in them (c=1, 2, 4 spans 1.0-2.5 rows)
+_DRAFT_LINE_MIN_SPAN = 1.0
+
+
+def _draft_step_line(points: list[tuple[float, float]]) -> list[float]:
+    """[fixed, per row] of the service's Propose per draft step, from (mean rows, ms per step) points
+    that span :data:`_DRAFT_LINE_MIN_SPAN` rows or more; [] where they do not, or the fit is not a
+    line that rises with the rows (then the profile's grid, scaled, prices the Propose)."""
+    if len(points) < 2 or max(r for r, _ in points) - min(r for r, _ in points) < _DRAFT_LINE_MIN_SPAN:
+        return []
+    line = least_squares_line(points)
+    if line is None or line[0] <= 0 or line[1] < 0:
+        return []
+    return [round(line[0], 3), round(line[1], 3)]
+
+
 def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhead:
     """Router and RPC time per round, and the scale of the target's Verify, from a `specdec bench
     serve` result (its scenarios' round split, scraped from the router's /metrics).
@@ -54,7 +70,9 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     phase's time over the profile's prefill of as many mean prompts as the scenario sent.
     ``draft_scale``: the median over scenarios of the draft worker's compute per timed Propose over
     the profile's Propose at that call's mean rows and steps (results from before the draft worker
-    reported its compute: 1), and ``draft_scale_by_batch`` the median per mean rows (rounded). The
+    reported its compute: 1), and ``draft_scale_by_batch`` the median per mean rows (rounded).
+    ``draft_step_ms``: the line through each scenario's compute per draft step against its mean rows
+    (:func:`_draft_step_line`), which then prices the Propose in place of the scaled grid. The
     draft RPC is the timed Proposes' wall less that compute (``propose_rpc_ms``), the mean over
     scenarios. Results from before the router measured it read it from the draft wait less the
     Propose the profile predicts (so scaled) for the mean batch and k, only in scenarios where no
@@ -68,6 +86,7 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     rpc, draft_rpc, draft_waits, scales, prefill_scales, draft_scales = [], [], [], [], [], []
     by_batch: dict[bool, dict[int, list[float]]] = {True: {}, False: {}}  # plain? -> batch -> scales
     draft_by_rows: dict[int, list[float]] = {}
+    draft_steps: list[tuple[float, float]] = []  # (mean rows, compute per draft step) of each scenario
     for r in result.get("results", []):
         s, split = r.get("summary", {}), r.get("summary", {}).get("split")
         if not split or r.get("mode") == "engine" or not split.get("rounds"):
@@ -93,6 +112,8 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
             if predicted > 0:
                 draft_scales.append(split["propose_compute_ms"] / predicted)
                 draft_by_rows.setdefault(max(1, round(split["propose_rows"])), []).append(draft_scales[-1])
+        if split.get("proposes") and split.get("propose_steps"):
+            draft_steps.append((split["propose_rows"], split["propose_compute_ms"] / split["propose_steps"]))
         if split.get("proposes") and split.get("propose_rpc_ms") is not None:
             draft_rpc.append(split["propose_rpc_ms"])
         if k > 0 and split.get("draft_wait_ms_per_round") and not s.get("fail_open_rounds"):
@@ -127,5 +148,6 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
         prefill_scale=round(statistics.median(prefill_scales), 3) if prefill_scales else 1.0,
         draft_scale=drafts.draft_scale,
         draft_scale_by_batch=drafts.draft_scale_by_batch,
+        draft_step_ms=_draft_step_line(draft_steps),
         source=f"bench serve result ({len(points)} scenarios)",
     )

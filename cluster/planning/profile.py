@@ -141,7 +141,12 @@ class Overhead:
     service's prefill time over the profile's prefill curve for the same prompts. ``draft_scale``:
     the draft worker's Propose compute in the service over the profile's Propose at the same rows
     and steps; ``draft_scale_by_batch``: the same as [mean rows, scale] points, used when there are
-    any (on the float32 Qwen pair it went from 1.9 at one row to 1.0 at six: bench/NOTES.md)."""
+    any (on the float32 Qwen pair it went from 1.9 at one row to 1.0 at six: bench/NOTES.md).
+    ``draft_step_ms``: [fixed, per row], the service's own Propose per draft step as a line in the
+    rows, fitted to its timed Proposes where they cover a range of rows; when set it prices the
+    draft's Propose in place of the profile's grid (timed on the draft's own continuations, whose
+    prompt-lookup guesses hit otherwise than on the target's text: its shape in rows and steps was
+    off by 15-25 % at 1.5-2.6 rows on the float32 Qwen pair, bench/NOTES.md)."""
 
     router_ms: float = 1.0
     router_ms_per_row: float = 0.0
@@ -153,6 +158,7 @@ class Overhead:
     prefill_scale: float = 1.0
     draft_scale: float = 1.0
     draft_scale_by_batch: list[list[float]] = field(default_factory=list)
+    draft_step_ms: list[float] = field(default_factory=list)
     source: str = "default (not measured)"
 
     def verify_scale_at(self, batch: float, tokens_per_row: int = 2) -> float:

@@ -136,7 +136,13 @@ def _profile_summary(p) -> str:
         f"overhead per round: router {o.router_ms:.2f} ms + {o.router_ms_per_row:.3f} ms/row, verify RPC "
         f"{o.verify_rpc_ms:.2f} ms, draft RPC {o.draft_rpc_ms:.2f} ms, verify x {o.verify_scale:.2f} "
         f"(by batch: speculative {o.verify_scale_by_batch}, plain {o.verify_scale_plain_by_batch}), "
-        f"prefill x {o.prefill_scale:.2f}, draft Propose x {o.draft_scale:.2f} ({o.source})"
+        f"prefill x {o.prefill_scale:.2f}, draft Propose "
+        + (
+            f"{o.draft_step_ms[0]:.1f} + {o.draft_step_ms[1]:.1f} ms x rows per step"
+            if o.draft_step_ms
+            else f"x {o.draft_scale:.2f}"
+        )
+        + f" ({o.source})"
     )
     return "\n".join(lines)
 

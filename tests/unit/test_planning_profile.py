@@ -183,7 +183,7 @@ def test_the_draft_scale_comes_from_the_draft_workers_compute_per_propose():
     o = overhead_from_bench(bench, profile)
     assert o.draft_scale == pytest.approx(0.8) and o.draft_scale_by_batch == [[1, 1.6], [8, 0.8]]
     assert o.draft_rpc_ms == pytest.approx(5.0)  # each wait less its own batch's scaled Propose
-    profile.overhead = o
+    profile.overhead = dataclasses.replace(o, draft_step_ms=[])  # the scaled grid (see the line below)
     costs = ProfileCosts(profile, "draft")
     assert costs.draft_s(8, 8, 168) == pytest.approx(0.8 * 0.32) and costs.draft_s(1, 8, 168) == pytest.approx(0.256)
     assert o.draft_scale_at(4.5) == pytest.approx(1.2) and Overhead(draft_scale=0.9).draft_scale_at(3) == 0.9
@@ -193,10 +193,48 @@ def test_the_draft_scale_comes_from_the_draft_workers_compute_per_propose():
         sc["summary"]["split"]["draft_wait_ms_per_round"] += 300.0
         sc["summary"]["split"]["propose_rpc_ms"] = measured
     assert overhead_from_bench(bench, profile).draft_rpc_ms == pytest.approx(4.0)
+    # the scenarios span 7 rows: the service's own cost per step, a line in the rows, prices the
+    # Propose (32 ms a step at every row here), not the profile's grid
+    assert o.draft_step_ms == [32.0, 0.0] and costs.draft_s(4, 3, 168) == pytest.approx(
+        propose.at(4, 3) * o.draft_scale_at(4) / 1e3
+    )
+    profile.overhead = o
+    assert ProfileCosts(profile, "draft").draft_s(4, 3, 168) == pytest.approx(3 * 0.032)
+
     # results from before the draft worker reported its compute: no scale
     for sc in bench["results"]:
         del sc["summary"]["split"]["proposes"]
     assert overhead_from_bench(bench, profile).draft_scale_at(4) == 1.0
+
+
+def test_the_services_propose_per_step_is_a_line_in_the_rows_where_its_scenarios_span_them():
+    """Closed c=1, 2, 4 of the float32 Qwen pair (serve-f32-samecal.json): 174, 206, 228 ms a step at
+    1.0, 1.7, 2.5 rows, which the profile's grid (timed on the draft's own continuations) priced at
+    0.55-0.76 of that, 1.3-1.8x by a scale that did not carry over to other rows and steps."""
+    propose = Grid([1, 8], [1, 8], [[20.0, 160.0], [40.0, 320.0]])
+    profile = dataclasses.replace(_grid_profile(), draft_forward=propose, draft_propose=propose)
+
+    def scenario(rows: float, steps: float, compute_ms: float) -> dict:
+        sc = _serve_scenario(profile.target_forward, 1, 4, 1.0, rpc=3.0, prefill=True)
+        sc["summary"]["split"].update(
+            proposes=20, propose_compute_ms=compute_ms, propose_rows=rows, propose_steps=steps
+        )
+        return sc
+
+    runs = [scenario(1.0, 6.36, 1104.0), scenario(1.714, 6.0, 1234.0), scenario(2.538, 5.23, 1192.0)]
+    o = overhead_from_bench({"results": runs}, profile)
+    fixed, per_row = o.draft_step_ms
+    assert fixed == pytest.approx(141.0, abs=1.0) and per_row == pytest.approx(35.1, abs=0.5)
+    profile.overhead = o
+    assert ProfileCosts(profile, "draft").draft_s(3, 6, 168) == pytest.approx(6 * (fixed + 3 * per_row) / 1e3)
+    # rows that do not span a row (c=8 and c=16: 6.0 and 6.4): no line, the grid scaled
+    close = overhead_from_bench({"results": [scenario(6.0, 4.75, 1659.0), scenario(6.38, 5.0, 1563.0)]}, profile)
+    assert close.draft_step_ms == [] and close.draft_scale != 1.0
+    # a line that falls with the rows is not a cost: no line
+    assert (
+        overhead_from_bench({"results": [scenario(1.0, 5.0, 1000.0), scenario(4.0, 5.0, 500.0)]}, profile).draft_step_ms
+        == []
+    )
 
 
 def test_simulate_command_predicts_and_compares(tiny_profile, tmp_path, capsys):
