@@ -44,8 +44,8 @@ Series:
   ``specdec_propose_rpc_seconds`` (the same calls' wall time less that compute: gRPC,
   serialisation and the worker's scheduling, as the ``rpc`` round phase is for the Verify),
   ``specdec_propose_rows_total`` and ``specdec_propose_steps_total`` (their sequences, and their
-  draft steps: the longest k of each call). `specdec profile --serve-json` reads them to scale
-  the profile's Propose to the service's (cluster/planning/calibration.py).
+  draft steps: the longest k of each call). `specdec profile --serve-json` reads them to price
+  the simulated Propose and its RPC as the service's (cluster/planning/calibration.py).
 * ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
   polled every ``rebalance.period_s`` by router.rebalancer): a leak shows as a count that stays low
   when idle.
