@@ -75,7 +75,7 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     (:func:`_draft_step_line`), which then prices the Propose in place of the scaled grid. The
     draft RPC is the timed Proposes' wall less that compute (``propose_rpc_ms``), the mean over
     scenarios. Results from before the router measured it read it from the draft wait less the
-    Propose the profile predicts (so scaled) for the mean batch and k, only in scenarios where no
+    Propose as priced (:meth:`Overhead.propose_ms`) for the mean batch and k, only in scenarios where no
     round failed open: such a round waited out its draft deadline, which the simulator models itself
     (read as RPC time, a float32 c=8 run's waits priced every Propose 1 s dearer, and the simulated
     router then failed open 6x as often as the service). That reading also holds every wait for a
@@ -107,18 +107,18 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
                 by_batch[k < 0.5].setdefault(max(1, round(batch)), []).append(scales[-1])
         if prefill_ms > 0 and split.get("prefill_ms_per_round") and s.get("requests"):
             prefill_scales.append(split["prefill_ms_per_round"] * split["rounds"] / (prefill_ms * s["requests"]))
-        if propose is not None and split.get("proposes"):
-            predicted = propose.at(split["propose_rows"], split["propose_steps"])
+        if split.get("proposes"):
+            rows, steps, compute = split["propose_rows"], split["propose_steps"], split["propose_compute_ms"]
+            predicted = propose.at(rows, steps) if propose is not None else 0.0
             if predicted > 0:
-                draft_scales.append(split["propose_compute_ms"] / predicted)
-                draft_by_rows.setdefault(max(1, round(split["propose_rows"])), []).append(draft_scales[-1])
-        if split.get("proposes") and split.get("propose_steps"):
-            draft_steps.append((split["propose_rows"], split["propose_compute_ms"] / split["propose_steps"]))
-        if split.get("proposes") and split.get("propose_rpc_ms") is not None:
-            draft_rpc.append(split["propose_rpc_ms"])
+                draft_scales.append(compute / predicted)
+                draft_by_rows.setdefault(max(1, round(rows)), []).append(draft_scales[-1])
+            if steps:
+                draft_steps.append((rows, compute / steps))
+            if split.get("propose_rpc_ms") is not None:
+                draft_rpc.append(split["propose_rpc_ms"])
         if k > 0 and split.get("draft_wait_ms_per_round") and not s.get("fail_open_rounds"):
-            predicted = propose.at(batch, k) if propose is not None else 0.0
-            draft_waits.append((batch, split["draft_wait_ms_per_round"], predicted))
+            draft_waits.append((batch, k, split["draft_wait_ms_per_round"]))
     if not points:
         raise ValueError("the bench serve result has no round split (was the router's /metrics reachable?)")
     line = least_squares_line(points)
@@ -128,11 +128,12 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     drafts = Overhead(
         draft_scale=round(statistics.median(draft_scales), 3) if draft_scales else 1.0,
         draft_scale_by_batch=_medians(draft_by_rows),
+        draft_step_ms=_draft_step_line(draft_steps),
     )
     if draft_rpc:  # measured
         drpc = [sum(draft_rpc) / len(draft_rpc)]
-    else:  # results from before the router measured it: read from the draft wait
-        drpc = [max(0.0, wait - drafts.draft_scale_at(b) * predicted) for b, wait, predicted in draft_waits]
+    else:  # results from before the router measured it: the draft wait less the Propose as priced
+        drpc = [max(0.0, wait - (drafts.propose_ms(propose, b, k) or 0.0)) for b, k, wait in draft_waits]
     if rpc:
         verify_rpc = sum(rpc) / len(rpc)
     else:  # unmeasured: in the scale when there is one
@@ -148,6 +149,6 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
         prefill_scale=round(statistics.median(prefill_scales), 3) if prefill_scales else 1.0,
         draft_scale=drafts.draft_scale,
         draft_scale_by_batch=drafts.draft_scale_by_batch,
-        draft_step_ms=_draft_step_line(draft_steps),
+        draft_step_ms=drafts.draft_step_ms,
         source=f"bench serve result ({len(points)} scenarios)",
     )

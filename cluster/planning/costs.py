@@ -82,11 +82,9 @@ class ProfileCosts(Costs):
     def draft_s(self, batch: int, k: int, context: int) -> float:
         if not self.draft_is_model or k <= 0:
             return 0.0
-        if self._overhead.draft_step_ms:  # the service's own, measured by a calibration
-            fixed, per_row = self._overhead.draft_step_ms
-            return k * (fixed + per_row * batch) / 1e3
-        if self.p.draft_propose is not None:
-            return self.p.draft_propose.at(batch, k) * self._overhead.draft_scale_at(batch) / 1e3
+        propose_ms = self._overhead.propose_ms(self.p.draft_propose, batch, k)
+        if propose_ms is not None:
+            return propose_ms / 1e3
         grid = self.p.draft_forward
         assert grid is not None
         batch_scale = grid.at(batch, 1) / grid.at(1, 1)

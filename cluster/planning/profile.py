@@ -171,6 +171,14 @@ class Overhead:
         """The scale for a Propose of ``batch`` rows: its points, else ``draft_scale``."""
         return _scale_at(self.draft_scale_by_batch, batch, self.draft_scale)
 
+    def propose_ms(self, grid: Grid | None, batch: float, k: float) -> float | None:
+        """The service's Propose of ``batch`` rows and ``k`` steps (ms): the calibrated line, else the
+        profile's Propose ``grid`` times the scale at that batch; None with neither."""
+        if self.draft_step_ms:
+            fixed, per_row = self.draft_step_ms
+            return k * (fixed + per_row * batch)
+        return grid.at(batch, k) * self.draft_scale_at(batch) if grid is not None else None
+
 
 def _scale_at(points: list[list[float]], batch: float, default: float) -> float:
     """[batch, scale] points interpolated at ``batch`` (flat past both ends); ``default`` without any."""
