@@ -118,8 +118,11 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
     def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
         seqs = self._sequences(request.sequences)
         inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, 0) for s in seqs]
-        with self.lock, self.meter.compute(steps=0):
-            self.drafter.prefill(inputs)
+        with self.lock:
+            t0 = time.perf_counter()
+            with self.meter.compute(steps=0):
+                self.drafter.prefill(inputs)
+            report_compute(context, time.perf_counter() - t0)
             cached = [self._cached(s.request_id) for s in seqs]
         return worker_pb2.PrefillResponse(
             outcomes=[worker_pb2.PrefillOutcome(request_id=s.request_id, cached_tokens=n) for s, n in zip(seqs, cached)]

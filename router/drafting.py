@@ -287,20 +287,25 @@ class DraftSource:
                 groups.setdefault(name, []).append(job)
         for name, group in groups.items():
             seqs = [sequence_to_proto(j.key, j.state.prompt_ids[: ends[j.key] + 1], j.params, j.mode) for j in group]
+            new = sum(ends[j.key] + 1 - j.draft_fed.get(name, 0) for j in group)
             for job in group:
                 job.drafters.add(name)  # the drafter holds a slot for it now
                 job.draft_fed[name] = ends[job.key] + 1
-            task = self.spawn(self._prefill(name, seqs))
+            task = self.spawn(self._prefill(name, seqs, new))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
 
-    async def _prefill(self, name: str, seqs: list[worker_pb2.Sequence]) -> None:
+    async def _prefill(self, name: str, seqs: list[worker_pb2.Sequence], new_tokens: int) -> None:
         client = self.pool.client(name)
         if client is None or not client.up:
             return
         call = self.pool.begin(name, 0)
         try:
             async with client.lock:
-                await client.call("Prefill", worker_pb2.PrefillRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s)
+                _, compute = await client.call_timed(
+                    "Prefill", worker_pb2.PrefillRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
+                )
+            if compute is not None:
+                self.metrics.record_draft_prefill(compute, new_tokens)
         except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:  # the first Propose caches the prompt itself
             log.info("draft prefill on %s failed: %s", name, exc)
         finally:

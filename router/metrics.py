@@ -46,6 +46,9 @@ Series:
   ``specdec_propose_rows_total`` and ``specdec_propose_steps_total`` (their sequences, and their
   draft steps: the longest k of each call). `specdec profile --serve-json` reads them to price
   the simulated Propose and its RPC as the service's (cluster/planning/calibration.py).
+* ``specdec_draft_prefill_compute_seconds`` (histogram: the draft worker's own compute per Prefill
+  of prompt chunks, as it reports it) and ``specdec_draft_prefill_tokens_total`` (the tokens those
+  calls cached): what the service's draft prefill costs, for the simulator's.
 * ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
   polled every ``rebalance.period_s`` by router.rebalancer): a leak shows as a count that stays low
   when idle.
@@ -237,6 +240,15 @@ class Metrics:
         self.propose_steps = Counter(
             "specdec_propose_steps", "Draft steps of the timed Proposes (the longest k of each)", registry=r
         )
+        self.draft_prefill_compute = Histogram(
+            "specdec_draft_prefill_compute_seconds",
+            "Draft worker compute per Prefill of prompt chunks",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.draft_prefill_tokens = Counter(
+            "specdec_draft_prefill_tokens", "Prompt tokens the draft workers' Prefills cached", registry=r
+        )
         self.worker_free_slots = Gauge(
             "specdec_worker_free_slots", "KV-cache slots a worker reports free", ["role", "worker"], registry=r
         )
@@ -253,6 +265,10 @@ class Metrics:
         self.propose_rpc.observe(max(0.0, wall_s - compute_s))
         self.propose_rows.inc(rows)
         self.propose_steps.inc(steps)
+
+    def record_draft_prefill(self, compute_s: float, tokens: int) -> None:
+        self.draft_prefill_compute.observe(compute_s)
+        self.draft_prefill_tokens.inc(tokens)
 
     def record_draft(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:

@@ -24,6 +24,7 @@ class SimDrafting:
     def __init__(self, sim: Any, drafters: dict[str, SimClient]):
         self.sim = sim  # the simulation: now, at(), costs, policy (P), pool, rng, sample()
         self.drafters = drafters
+        self.prefills: list[tuple[Call, int]] = []  # each draft Prefill and its new tokens (the split's)
 
     # ---- placement -----------------------------------------------------------------------------
     def assign(self, g: Group, job: Job) -> str | None:
@@ -38,9 +39,11 @@ class SimDrafting:
 
     # ---- the draft side of a prefill -------------------------------------------------------------
     def prefill(self, g: Group, chunks: list[Job], plan: dict[str, int]) -> None:
-        """The drafters cache the same prompt chunks, unawaited (not a prompt's last chunk: that one
-        goes with the first Propose; nothing for a request that starts switched off)."""
+        """The drafters cache the same prompt chunks, unawaited, in one Prefill per drafter (not a
+        prompt's last chunk: that one goes with the first Propose; nothing for a request that starts
+        switched off)."""
         sim = self.sim
+        new: dict[str, int] = {}
         for j in chunks:
             if j.spec != "draft" or j.spec_off or plan[j.key] >= j.state.prefill_total:
                 continue
@@ -48,9 +51,24 @@ class SimDrafting:
             if name is None:
                 continue
             j.drafters.add(name)
-            cost = sim.costs.draft_prefill_s(plan[j.key] - j.draft_cached)
-            self.drafters[name].submit(sim.costs.draft_rpc_s + cost)
+            new[name] = new.get(name, 0) + plan[j.key] - j.draft_cached
             j.draft_cached = plan[j.key]
+        for name, tokens in new.items():
+            call = self.drafters[name].submit(sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(tokens))
+            self.prefills.append((call, tokens))
+
+    def prefill_split(self) -> dict[str, float]:
+        """The split's draft Prefill fields, as bench serve scrapes the service's: calls, the worker's
+        time per call (stretched where it shared the device), new tokens per call."""
+        done = [(c, n) for c, n in self.prefills if c.done]
+        if not done:
+            return {}
+        rpc = self.sim.costs.draft_rpc_s
+        return {
+            "draft_prefills": len(done),
+            "draft_prefill_compute_ms": round(1e3 * sum(c.end - c.start - rpc for c, _ in done) / len(done), 3),
+            "draft_prefill_tokens": round(sum(n for _, n in done) / len(done), 3),
+        }
 
     # ---- a round's drafts --------------------------------------------------------------------------
     def _fail_open(self, g: Group, j: Job) -> None:

@@ -422,6 +422,7 @@ class _Sim:
             for k in ("draft_wait", "verify", "prefill", "router")
         }
         split["rounds"] = rounds
+        split.update(self.drafting.prefill_split())
         hits = sum(g.predraft_hits for g in self.groups)
         misses = sum(g.predraft_misses for g in self.groups)
         span = max(self.now, 1e-9)

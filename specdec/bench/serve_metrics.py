@@ -1,8 +1,8 @@
 """Where a `specdec bench serve` scenario's round time went, from the router's ``/metrics``
 scraped before and after it: draft wait, verify, RPC and router time per round, draft tokens per
 round, pre-draft hits, the draft worker's compute per Propose (and the rest of its wall: RPC) with
-that Propose's rows and steps, and c (draft time per token / verify time) with the sequential
-bound."""
+that Propose's rows and steps, its compute per Prefill with that Prefill's tokens, and c (draft
+time per token / verify time) with the sequential bound."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ def scrape(url: str | None) -> dict[str, float] | None:
                 "specdec_propose_rpc_seconds_sum",
                 "specdec_propose_rows_total",
                 "specdec_propose_steps_total",
+                "specdec_draft_prefill_compute_seconds_sum",
+                "specdec_draft_prefill_compute_seconds_count",
+                "specdec_draft_prefill_tokens_total",
             ):
                 key = s.name + ("".join(f":{v}" for v in s.labels.values()))
                 out[key] = out.get(key, 0.0) + s.value
@@ -71,6 +74,11 @@ def phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | Non
             split["propose_rpc_ms"] = round(1000.0 * d("specdec_propose_rpc_seconds_sum") / proposes, 3)
         split["propose_rows"] = round(d("specdec_propose_rows_total") / proposes, 3)
         split["propose_steps"] = round(d("specdec_propose_steps_total") / proposes, 3)
+    prefills = d("specdec_draft_prefill_compute_seconds_count")
+    if prefills > 0:  # the draft worker's compute per Prefill of prompt chunks, and its tokens
+        split["draft_prefills"] = int(prefills)
+        split["draft_prefill_compute_ms"] = round(1000.0 * d("specdec_draft_prefill_compute_seconds_sum") / prefills, 3)
+        split["draft_prefill_tokens"] = round(d("specdec_draft_prefill_tokens_total") / prefills, 3)
     hits, misses = d("specdec_predraft_total:hit"), d("specdec_predraft_total:miss")
     if hits + misses > 0:
         split["predraft_hit_rate"] = round(hits / (hits + misses), 3)

@@ -99,8 +99,19 @@ def test_long_prompts_are_chunked_and_a_prompt_beside_them_is_unchanged(chunked,
     params = dict(max_tokens=20, ignore_eos=True)
     if seeded:
         params.update(temperature=0.8, seed=11)
+    cached_before = router.metrics.sample("specdec_draft_prefill_tokens_total") or 0.0
+    calls_before = router.metrics.sample("specdec_draft_prefill_compute_seconds_count") or 0.0
     alone = client.generate(prompt_token_ids=prompt, timeout=120, **params).token_ids
     assert alone == reference(prompt, SamplingParams(**params))
+    if not seeded:  # the first request (a later one may start with speculation off: no draft Prefill)
+        # The drafter cached the prompt's chunks in timed Prefills, each counting its new tokens
+        # once, all but the last round's (those go with the first Propose); the simulator's draft
+        # prefill is calibrated by these.
+        cached = router.metrics.sample("specdec_draft_prefill_tokens_total") - cached_before
+        assert 120 - BUDGET <= cached < 120
+        calls = router.metrics.sample("specdec_draft_prefill_compute_seconds_count") - calls_before
+        assert calls >= cached // BUDGET  # one per round, a round prefills BUDGET tokens at most
+        assert router.metrics.sample("specdec_draft_prefill_compute_seconds_sum") > 0
 
     before = _chunks(router)
     burst = [_prompt(10 + i, 300) for i in range(4)]

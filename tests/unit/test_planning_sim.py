@@ -275,6 +275,22 @@ def test_requests_arriving_where_speculation_loses_start_off_and_skip_the_draft_
     assert lazy.utilization["draft"] < 0.7 * eager.utilization["draft"]
 
 
+def test_the_draft_prefill_is_one_call_per_drafter_and_round_and_the_split_reports_it_as_the_bench_does():
+    """Prompts of 400 tokens in chunks of 64, two arriving together: the drafter caches all but each
+    prompt's last round in one Prefill per round (as router.drafting sends them), and the split
+    carries the calls, their tokens and the drafter's time per call, as bench serve scrapes them."""
+    prof = make_profile()
+    prof.draft_prefill = Curve([1, 1000], [1.0, 1000.0])  # 1 ms a prompt token on the drafter
+    dep = deployment(prof, mode="draft", max_batched_tokens=128, prefill_chunk=64)
+    res = simulate(dep, requests(2, 0.8, prompt=400))
+    split = res.summary["split"]
+    cached = split["draft_prefills"] * split["draft_prefill_tokens"]
+    assert 2 * (400 - 128) <= cached < 2 * 400
+    assert split["draft_prefill_tokens"] == 128  # both prompts' chunks of a round in one call
+    assert split["draft_prefill_compute_ms"] >= 128.0  # 1 ms a token, stretched where it shared nothing
+    assert "draft_prefills" not in simulate(deployment(prof, mode="off"), requests(2, 0.8, prompt=400)).summary["split"]
+
+
 def test_the_router_memory_carries_over_from_one_run_to_the_next():
     """A service serves a benchmark's runs one after the other: what its router learned in one
     (the verify line, the pooled acceptance, the drafter's wait) decides the next run's first
