@@ -53,7 +53,7 @@ class _Waiter:
     future: asyncio.Future
     started: list | None  # gets True when the call carrying these sequences is sent
     t0: float  # the pool's clock when it was queued
-    measure: bool = True  # False: it prefills (its time is not a draft step's)
+    prefill_tokens: int = 0  # new tokens beyond a round's that it prefills (its time is then not a draft step's)
     predraft: bool = False  # drafts the next round while the target verifies this one
 
 
@@ -117,17 +117,18 @@ class DrafterPool:
         name: str,
         seqs: list[worker_pb2.Sequence],
         started: list | None = None,
-        measure: bool = True,
+        prefill_tokens: int = 0,
         predraft: bool = False,
     ) -> list[worker_pb2.Draft]:
         """Drafts for ``seqs`` from drafter ``name``, sent with whatever else waits for it. Cancelling
         a call that was not sent yet withdraws it; ``started`` gets True once it is sent. A call
-        carrying one with ``measure`` false (it prefills) does not update the drafter's step time.
+        carrying ``prefill_tokens`` (more new tokens than a round commits) does not update the drafter's
+        step time: it prefills them.
         ``predraft``: drafts for the next round, sent while the target verifies this one."""
         d = self._d.get(name)
         if d is None:
             raise WorkerUnavailable(f"draft worker {name} left the pool")
-        w = _Waiter(seqs, asyncio.get_running_loop().create_future(), started, self.clock(), measure, predraft)
+        w = _Waiter(seqs, asyncio.get_running_loop().create_future(), started, self.clock(), prefill_tokens, predraft)
         d.queue.append(w)
         if d.sender is None or d.sender.done():
             d.sender = asyncio.get_running_loop().create_task(self._send(name, d))
@@ -154,7 +155,8 @@ class DrafterPool:
 
     async def _call(self, name: str, d: _Drafter, batch: list[_Waiter]) -> None:
         seqs = [s for w in batch for s in w.seqs]
-        steps = max(s.k for s in seqs) if all(w.measure for w in batch) else 0  # 0: not measured
+        prefill = sum(w.prefill_tokens for w in batch)
+        steps = max(s.k for s in seqs) if not prefill else 0  # 0: not a draft step's time
         for w in batch:
             if w.started is not None:
                 w.started.append(True)  # the call reaches the worker now (before: only queued here)
@@ -176,8 +178,11 @@ class DrafterPool:
         wall = time.perf_counter() - t_sent
         self.end(name, call, True, since=min(w.t0 for w in batch))
         self.metrics.draft_sequences.labels(name).inc(len(seqs))
-        if steps > 0 and compute is not None and not any(w.predraft for w in batch):
-            self.metrics.record_propose(compute, wall, len(seqs), steps)
+        if compute is not None and not any(w.predraft for w in batch):
+            if steps > 0:
+                self.metrics.record_propose(compute, wall, len(seqs), steps)
+            else:
+                self.metrics.record_prefilling_propose(compute, len(seqs), max(s.k for s in seqs), prefill)
         i = 0
         for w in batch:
             if not w.future.done():

@@ -91,11 +91,11 @@ class DraftSource:
         name: str,
         seqs: list[worker_pb2.Sequence],
         started: list | None = None,
-        measure: bool = True,
+        prefill_tokens: int = 0,
         predraft: bool = False,
     ) -> list[worker_pb2.Draft]:
         assert self.pool is not None
-        return await self.pool.propose(name, seqs, started, measure, predraft)
+        return await self.pool.propose(name, seqs, started, prefill_tokens, predraft)
 
     def _catch_up(self, job: Job, name: str) -> bool:
         """A request that decoded without speculating (switched off, or moved to this drafter)
@@ -113,13 +113,13 @@ class DraftSource:
         self.metrics.draft_catch_up.inc()
         return True
 
-    def _feed(self, job: Job, name: str, length: int) -> bool:
-        """Record that drafter ``name`` is sent ``length`` tokens of ``job``; False when that is more
-        new tokens than a round commits (a prompt's tail, or catching up after speculation was
-        off): such a Propose prefills, and its time says nothing of a draft step."""
+    def _feed(self, job: Job, name: str, length: int) -> int:
+        """Record that drafter ``name`` is sent ``length`` tokens of ``job``; the new tokens where
+        that is more than a round commits (a prompt's tail, or catching up after speculation was
+        off: such a Propose prefills them, and its time says nothing of a draft step), else 0."""
         new = length - job.draft_fed.get(name, 0)
         job.draft_fed[name] = length
-        return new <= self.cfg.k_policy.k_max + 1
+        return new if new > self.cfg.k_policy.k_max + 1 else 0
 
     def decode_draft(self, m: worker_pb2.Draft, k: int, offset: int = 0) -> Draft | None:
         try:
@@ -206,9 +206,9 @@ class DraftSource:
         seqs = [
             sequence_to_proto(batch[i].key, batch[i].state.tokens, batch[i].params, batch[i].mode, ks[i]) for i in idx
         ]
-        measure = all(self._feed(batch[i], name, len(batch[i].state.tokens)) for i in idx)
+        prefill = sum(self._feed(batch[i], name, len(batch[i].state.tokens)) for i in idx)
         started: list = []
-        task = self.spawn(self.propose(name, seqs, started, measure))
+        task = self.spawn(self.propose(name, seqs, started, prefill))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
         return name, idx, task, started
 
@@ -263,8 +263,8 @@ class DraftSource:
             idx.append(i)
             seqs.append(sequence_to_proto(job.key, st.tokens + d.tokens, job.params, job.mode, k_next + 1))
             groups[job.drafter][2].append(self._feed(job, job.drafter, len(st.tokens) + len(d.tokens)))
-        for name, (idx, seqs, measure) in groups.items():
-            task = self.spawn(self.propose(name, seqs, None, all(measure), predraft=True))
+        for name, (idx, seqs, prefill) in groups.items():
+            task = self.spawn(self.propose(name, seqs, None, sum(prefill), predraft=True))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
             for n, i in enumerate(idx):
                 job = batch[i]

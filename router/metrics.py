@@ -48,7 +48,10 @@ Series:
   the simulated Propose and its RPC as the service's (cluster/planning/calibration.py).
 * ``specdec_draft_prefill_compute_seconds`` (histogram: the draft worker's own compute per Prefill
   of prompt chunks, as it reports it) and ``specdec_draft_prefill_tokens_total`` (the tokens those
-  calls cached): what the service's draft prefill costs, for the simulator's.
+  calls cached); ``specdec_prefilling_propose_compute_seconds`` (the same per Propose that also
+  prefills: a prompt's tail, a request catching up) with ``specdec_prefilling_propose_tokens_total``,
+  ``_rows_total`` and ``_steps_total`` (the tokens it prefilled, its sequences and draft steps):
+  what the service's draft prefill costs, for the simulator's.
 * ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
   polled every ``rebalance.period_s`` by router.rebalancer): a leak shows as a count that stays low
   when idle.
@@ -249,6 +252,21 @@ class Metrics:
         self.draft_prefill_tokens = Counter(
             "specdec_draft_prefill_tokens", "Prompt tokens the draft workers' Prefills cached", registry=r
         )
+        self.prefilling_propose_compute = Histogram(
+            "specdec_prefilling_propose_compute_seconds",
+            "Draft worker compute per Propose that also prefills (a prompt's tail, catching up)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prefilling_propose_tokens = Counter(
+            "specdec_prefilling_propose_tokens", "Tokens the prefilling Proposes prefilled", registry=r
+        )
+        self.prefilling_propose_rows = Counter(
+            "specdec_prefilling_propose_rows", "Sequences in the prefilling Proposes", registry=r
+        )
+        self.prefilling_propose_steps = Counter(
+            "specdec_prefilling_propose_steps", "Draft steps of the prefilling Proposes (the longest k)", registry=r
+        )
         self.worker_free_slots = Gauge(
             "specdec_worker_free_slots", "KV-cache slots a worker reports free", ["role", "worker"], registry=r
         )
@@ -269,6 +287,12 @@ class Metrics:
     def record_draft_prefill(self, compute_s: float, tokens: int) -> None:
         self.draft_prefill_compute.observe(compute_s)
         self.draft_prefill_tokens.inc(tokens)
+
+    def record_prefilling_propose(self, compute_s: float, rows: int, steps: int, tokens: int) -> None:
+        self.prefilling_propose_compute.observe(compute_s)
+        self.prefilling_propose_rows.inc(rows)
+        self.prefilling_propose_steps.inc(steps)
+        self.prefilling_propose_tokens.inc(tokens)
 
     def record_draft(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:

@@ -95,7 +95,7 @@ class ProfileCosts(Costs):
     def draft_prefill_s(self, tokens: int) -> float:
         if not self.draft_is_model or self.p.draft_prefill is None:
             return 0.0
-        return self.p.draft_prefill.at(tokens) / 1e3
+        return self.p.draft_prefill.at(tokens) * self._overhead.draft_prefill_scale / 1e3
 
     def router_s(self, batch: int) -> float:
         return self._router[0] + self._router[1] * batch

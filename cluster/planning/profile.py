@@ -146,7 +146,11 @@ class Overhead:
     rows, fitted to its timed Proposes where they cover a range of rows; when set it prices the
     draft's Propose in place of the profile's grid (timed on the draft's own continuations, whose
     prompt-lookup guesses hit otherwise than on the target's text: its shape in rows and steps was
-    off by 15-25 % at 1.5-2.6 rows on the float32 Qwen pair, bench/NOTES.md)."""
+    off by 15-25 % at 1.5-2.6 rows on the float32 Qwen pair, bench/NOTES.md).
+    ``draft_prefill_scale``: the draft's prefill work over the profile's curve, set so that the
+    simulated drafter's Prefills take as long per token as the service's did (its contention with
+    the target included, which the simulated shared device adds itself:
+    ``cluster.planning.predict.calibrate_draft_prefill``)."""
 
     router_ms: float = 1.0
     router_ms_per_row: float = 0.0
@@ -159,6 +163,7 @@ class Overhead:
     draft_scale: float = 1.0
     draft_scale_by_batch: list[list[float]] = field(default_factory=list)
     draft_step_ms: list[float] = field(default_factory=list)
+    draft_prefill_scale: float = 1.0
     source: str = "default (not measured)"
 
     def verify_scale_at(self, batch: float, tokens_per_row: int = 2) -> float:

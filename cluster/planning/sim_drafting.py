@@ -25,6 +25,7 @@ class SimDrafting:
         self.sim = sim  # the simulation: now, at(), costs, policy (P), pool, rng, sample()
         self.drafters = drafters
         self.prefills: list[tuple[Call, int]] = []  # each draft Prefill and its new tokens (the split's)
+        self.prefilling: list[tuple[Call, int, int, int]] = []  # Proposes that prefill: tokens, rows, steps
 
     # ---- placement -----------------------------------------------------------------------------
     def assign(self, g: Group, job: Job) -> str | None:
@@ -58,17 +59,23 @@ class SimDrafting:
             self.prefills.append((call, tokens))
 
     def prefill_split(self) -> dict[str, float]:
-        """The split's draft Prefill fields, as bench serve scrapes the service's: calls, the worker's
-        time per call (stretched where it shared the device), new tokens per call."""
+        """The split's draft prefill fields, as bench serve scrapes the service's: the Prefills (calls,
+        the worker's time per call, stretched where it shared the device, new tokens per call) and
+        the Proposes that prefill (the same, with their rows and draft steps)."""
+        rpc, out = self.sim.costs.draft_rpc_s, {}
         done = [(c, n) for c, n in self.prefills if c.done]
-        if not done:
-            return {}
-        rpc = self.sim.costs.draft_rpc_s
-        return {
-            "draft_prefills": len(done),
-            "draft_prefill_compute_ms": round(1e3 * sum(c.end - c.start - rpc for c, _ in done) / len(done), 3),
-            "draft_prefill_tokens": round(sum(n for _, n in done) / len(done), 3),
-        }
+        if done:
+            out["draft_prefills"] = len(done)
+            out["draft_prefill_compute_ms"] = round(1e3 * sum(c.end - c.start - rpc for c, _ in done) / len(done), 3)
+            out["draft_prefill_tokens"] = round(sum(n for _, n in done) / len(done), 3)
+        proposes = [p for p in self.prefilling if p[0].done]
+        if proposes:
+            n = len(proposes)
+            out["prefilling_proposes"] = n
+            out["prefilling_propose_compute_ms"] = round(1e3 * sum(c.end - c.start - rpc for c, *_ in proposes) / n, 3)
+            for i, what in enumerate(("tokens", "rows", "steps"), start=1):
+                out[f"prefilling_propose_{what}"] = round(sum(p[i] for p in proposes) / n, 3)
+        return out
 
     # ---- a round's drafts --------------------------------------------------------------------------
     def _fail_open(self, g: Group, j: Job) -> None:
@@ -87,7 +94,7 @@ class SimDrafting:
         j.draft_cached = len(j.state.tokens)
         return True
 
-    def _propose(self, name: str, jobs: list[Job], k: int) -> Call:
+    def _propose(self, name: str, jobs: list[Job], k: int, predraft: bool = False) -> Call:
         """Send one Propose for ``jobs`` to ``name`` now: the pool measures it when it returns."""
         sim = self.sim
         d = self.drafters[name]
@@ -103,6 +110,8 @@ class SimDrafting:
             j.draft_cached = len(j.state.tokens)
         measured, t_req = sim.pool.begin(name, 0 if catch_up else k), sim.now
         call = d.submit(dur)
+        if catch_up and not predraft:
+            self.prefilling.append((call, catch_up, len(jobs), k))
         call.on_done(lambda: sim.pool.end(name, measured, True, since=t_req, started=call.start))
         return call
 
@@ -197,6 +206,6 @@ class SimDrafting:
             if k_next > 0:
                 groups.setdefault(j.drafter, []).append((j, k_next))
         for name, picked in groups.items():
-            call = self._propose(name, [j for j, _ in picked], max(k for _, k in picked) + 1)
+            call = self._propose(name, [j for j, _ in picked], max(k for _, k in picked) + 1, predraft=True)
             for j, k_next in picked:
                 j.predraft = PreDraft(name, call, k_next)

@@ -1,8 +1,8 @@
 """Where a `specdec bench serve` scenario's round time went, from the router's ``/metrics``
 scraped before and after it: draft wait, verify, RPC and router time per round, draft tokens per
 round, pre-draft hits, the draft worker's compute per Propose (and the rest of its wall: RPC) with
-that Propose's rows and steps, its compute per Prefill with that Prefill's tokens, and c (draft
-time per token / verify time) with the sequential bound."""
+that Propose's rows and steps, its compute per Prefill and per Propose that also prefills with
+their tokens, and c (draft time per token / verify time) with the sequential bound."""
 
 from __future__ import annotations
 
@@ -41,6 +41,11 @@ def scrape(url: str | None) -> dict[str, float] | None:
                 "specdec_draft_prefill_compute_seconds_sum",
                 "specdec_draft_prefill_compute_seconds_count",
                 "specdec_draft_prefill_tokens_total",
+                "specdec_prefilling_propose_compute_seconds_sum",
+                "specdec_prefilling_propose_compute_seconds_count",
+                "specdec_prefilling_propose_tokens_total",
+                "specdec_prefilling_propose_rows_total",
+                "specdec_prefilling_propose_steps_total",
             ):
                 key = s.name + ("".join(f":{v}" for v in s.labels.values()))
                 out[key] = out.get(key, 0.0) + s.value
@@ -79,6 +84,13 @@ def phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | Non
         split["draft_prefills"] = int(prefills)
         split["draft_prefill_compute_ms"] = round(1000.0 * d("specdec_draft_prefill_compute_seconds_sum") / prefills, 3)
         split["draft_prefill_tokens"] = round(d("specdec_draft_prefill_tokens_total") / prefills, 3)
+    calls = d("specdec_prefilling_propose_compute_seconds_count")
+    if calls > 0:  # the same per Propose that also prefills, its tokens, rows and steps
+        split["prefilling_proposes"] = int(calls)
+        compute = d("specdec_prefilling_propose_compute_seconds_sum")
+        split["prefilling_propose_compute_ms"] = round(1000.0 * compute / calls, 3)
+        for what in ("tokens", "rows", "steps"):
+            split[f"prefilling_propose_{what}"] = round(d(f"specdec_prefilling_propose_{what}_total") / calls, 3)
     hits, misses = d("specdec_predraft_total:hit"), d("specdec_predraft_total:miss")
     if hits + misses > 0:
         split["predraft_hit_rate"] = round(hits / (hits + misses), 3)

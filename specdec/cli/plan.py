@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -71,16 +72,25 @@ def _quiet_router(args: argparse.Namespace) -> None:
 def _profile(args: argparse.Namespace) -> int:
     from cluster.config import load_config
     from cluster.planning.calibration import overhead_from_bench
-    from cluster.planning.profile import ProfileError
+    from cluster.planning.profile import Profile, ProfileError
     from cluster.planning.profiler import ProfileOptions, take_profile
+    from cluster.planning.sim_calibration import calibrate_draft_prefill
+    from cluster.planning.workload import WorkloadError
     from specdec.core.build import IncompatibleModels
     from specdec.core.models import ModelLoadError
     from specdec.core.prompts import PromptSetError
 
+    if args.recalibrate is None and args.target is None:
+        _err("give --target (a model to profile), or --recalibrate PROFILE with --serve-json")
+        return USAGE
+    if args.recalibrate is not None and args.serve_json is None:
+        _err("--recalibrate needs --serve-json: the bench serve result to calibrate by")
+        return USAGE
     try:
         serve = load_config(args.config)
         bench = json.loads(Path(args.serve_json).read_text()) if args.serve_json else None
-    except (OSError, ValueError) as exc:
+        measured = Profile.load(args.recalibrate) if args.recalibrate is not None else None
+    except (OSError, ValueError, ProfileError) as exc:
         _err(str(exc))
         return USAGE
     opts = ProfileOptions(
@@ -99,10 +109,21 @@ def _profile(args: argparse.Namespace) -> int:
         drafters=tuple(_names(args.drafters)),
     )
     try:
-        profile = take_profile(args.target, args.draft, opts, progress=_progress)
+        profile = measured or take_profile(args.target, args.draft, opts, progress=_progress)
         if bench is not None:
             profile.overhead = overhead_from_bench(bench, profile)
-    except (ModelLoadError, IncompatibleModels, PromptSetError, ProfileError, ValueError, RuntimeError) as exc:
+            scale = calibrate_draft_prefill(profile, serve, bench)
+            if scale is not None:
+                profile.overhead = dataclasses.replace(profile.overhead, draft_prefill_scale=scale)
+    except (
+        ModelLoadError,
+        IncompatibleModels,
+        PromptSetError,
+        ProfileError,
+        WorkloadError,
+        ValueError,
+        RuntimeError,
+    ) as exc:
         _err(str(exc))
         return FAILED
     out = profile.save(args.output)
@@ -142,7 +163,7 @@ def _profile_summary(p) -> str:
             if o.draft_step_ms
             else f"x {o.draft_scale:.2f}"
         )
-        + f" ({o.source})"
+        + f", draft prefill x {o.draft_prefill_scale:.2f} ({o.source})"
     )
     return "\n".join(lines)
 
@@ -154,6 +175,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from cluster.config import load_config
     from cluster.planning.predict import Scenario, compare, format_comparison, predict_bench, scenarios_of
     from cluster.planning.profile import Profile, ProfileError
+    from cluster.planning.sim_calibration import draft_prefill_ms_per_token
     from cluster.planning.workload import WorkloadError
     from specdec.bench.serve import format_table
 
@@ -197,6 +219,9 @@ def _simulate(args: argparse.Namespace) -> int:
     if measured is not None:
         print("\npredicted vs measured (error = predicted / measured - 1):")
         print(format_comparison(pred["comparison"]))
+        p_ms, m_ms = draft_prefill_ms_per_token(pred, profile), draft_prefill_ms_per_token(measured, profile)
+        if p_ms is not None and m_ms is not None:
+            print(f"the drafter's prefill per token: {p_ms:.2f} / {m_ms:.2f} ms ({p_ms / m_ms - 1:+.0%})")
     return OK
 
 
@@ -286,7 +311,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def add_plan(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="measure this machine for the capacity simulator (JSON profile)")
-    p.add_argument("--target", required=True, help="pack name, HF folder, .gguf file or hub id")
+    p.add_argument("--target", default=None, help="pack name, HF folder, .gguf file or hub id")
     p.add_argument("--draft", default=None, help="draft model (its forwards, and its acceptance on the prompts)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -301,7 +326,12 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--drafters", default="draft,ngram", help="acceptance runs: draft (the --draft model), ngram")
     p.add_argument("--config", default=None, help="serve config whose router k policy the acceptance run uses")
-    p.add_argument("--serve-json", default=None, help="a `specdec bench serve --json` result: overheads, verify scale")
+    p.add_argument(
+        "--serve-json", default=None, help="a `specdec bench serve --json` result: overheads, scales of the costs"
+    )
+    p.add_argument(
+        "--recalibrate", default=None, metavar="PROFILE", help="measure nothing: PROFILE calibrated by --serve-json"
+    )
     p.add_argument("-o", "--output", default="profile.json")
     p.set_defaults(func=_profile)
 

@@ -101,6 +101,7 @@ def test_long_prompts_are_chunked_and_a_prompt_beside_them_is_unchanged(chunked,
         params.update(temperature=0.8, seed=11)
     cached_before = router.metrics.sample("specdec_draft_prefill_tokens_total") or 0.0
     calls_before = router.metrics.sample("specdec_draft_prefill_compute_seconds_count") or 0.0
+    tail_before = router.metrics.sample("specdec_prefilling_propose_tokens_total") or 0.0
     alone = client.generate(prompt_token_ids=prompt, timeout=120, **params).token_ids
     assert alone == reference(prompt, SamplingParams(**params))
     if not seeded:  # the first request (a later one may start with speculation off: no draft Prefill)
@@ -112,6 +113,8 @@ def test_long_prompts_are_chunked_and_a_prompt_beside_them_is_unchanged(chunked,
         calls = router.metrics.sample("specdec_draft_prefill_compute_seconds_count") - calls_before
         assert calls >= cached // BUDGET  # one per round, a round prefills BUDGET tokens at most
         assert router.metrics.sample("specdec_draft_prefill_compute_seconds_sum") > 0
+        # ... and the rest with the first Propose, timed as a Propose that prefills
+        assert cached + router.metrics.sample("specdec_prefilling_propose_tokens_total") - tail_before == 120
 
     before = _chunks(router)
     burst = [_prompt(10 + i, 300) for i in range(4)]
