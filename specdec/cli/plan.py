@@ -112,6 +112,7 @@ def _profile(args: argparse.Namespace) -> int:
         profile = measured or take_profile(args.target, args.draft, opts, progress=_progress)
         if bench is not None:
             profile.overhead = overhead_from_bench(bench, profile)
+            _quiet_router(args)  # the draft prefill's calibration simulates the run
             scale = calibrate_draft_prefill(profile, serve, bench)
             if scale is not None:
                 profile.overhead = dataclasses.replace(profile.overhead, draft_prefill_scale=scale)
