@@ -50,8 +50,9 @@ def calibrate_draft_prefill(
     profile: Profile, serve: ServeConfig, bench: dict[str, Any], colocated: bool = True, draws: int = 4
 ) -> float | None:
     """The ``draft_prefill_scale`` under which the simulation of ``bench``'s scenarios (its
-    requests, modes and seed, on ``serve``'s deployment) times the drafter's Prefills per token as
-    the service did; None where ``bench`` timed none, or the simulation sends none."""
+    requests, modes and seed, on ``serve``'s deployment) has the drafter prefill as fast per token
+    as the service did (its Prefills and its Proposes that prefill); None where ``bench`` timed
+    neither, or the simulation sends neither."""
     measured = draft_prefill_ms_per_token(bench, profile)
     if measured is None or profile.draft_prefill is None:
         return None
