@@ -104,11 +104,12 @@ class DraftSource:
         them. False (nothing to do) for a request's first round, whose Propose carries the prompt's
         tail as before."""
         toks = job.state.tokens
-        if not job.state.generated or len(toks) - job.draft_fed.get(name, 0) <= self.cfg.k_policy.k_max + 1:
+        new = len(toks) - job.draft_fed.get(name, 0)
+        if not job.state.generated or new <= self.cfg.k_policy.k_max + 1:
             return False
         job.drafters.add(name)
         job.draft_fed[name] = len(toks)
-        task = self.spawn(self._prefill(name, [sequence_to_proto(job.key, toks, job.params, job.mode)]))
+        task = self.spawn(self._prefill(name, [sequence_to_proto(job.key, toks, job.params, job.mode)], new))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
         self.metrics.draft_catch_up.inc()
         return True

@@ -90,7 +90,8 @@ class SimDrafting:
         if not j.state.generated or new <= sim.P.cfg.k_policy.k_max + 1:
             return False
         j.drafters.add(name)
-        self.drafters[name].submit(sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(new))
+        call = self.drafters[name].submit(sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(new))
+        self.prefills.append((call, new))
         j.draft_cached = len(j.state.tokens)
         return True
 
