@@ -150,7 +150,7 @@ class Overhead:
     ``draft_prefill_scale``: the draft's prefill work over the profile's curve, set so that the
     simulated drafter's Prefills take as long per token as the service's did (its contention with
     the target included, which the simulated shared device adds itself:
-    ``cluster.planning.predict.calibrate_draft_prefill``)."""
+    ``cluster.planning.sim_calibration.calibrate_draft_prefill``)."""
 
     router_ms: float = 1.0
     router_ms_per_row: float = 0.0
