@@ -15,6 +15,12 @@ session runs, since CI and the development machines have none.
 6. bigbatch: a decode beside 15 rows of 8-token verifies (121 GEMM rows) against the same token
    decoded alone, with the runner's CUDA GEMM blocks and without (one GEMM over all rows).
 7. cost: the invariant forward against the fast one, random Qwen2.5-1.5B (28 layers), bf16.
+8. blockcost: the CUDA GEMM blocks' own cost, the forwards interleaved call by call.
+9. roofline: the runner's forward against the catalog's roofline price for this GPU (issue 14).
+10. prometheus: the real NVML through a draft worker's Info RPC into the router's
+    specdec_device_* series (issue 11).
+11. graphs: transformers' forward with a static cache, eager and replayed from a CUDA graph, against
+    the roofline: what the launches cost.
 
 Each part runs on its own; a failure is recorded (with its traceback) and the next part runs.
 """
@@ -263,6 +269,241 @@ def cost(device: str, quick: bool) -> dict:
     return _script("invariance").time_cost("random:qwen2.5-1.5b", "bfloat16", 256, 5 if quick else 20, device)
 
 
+ROOFLINE_CASES = {  # name: (rows, tokens per row); decode and verify over a 256-token context
+    "decode b=1": (1, 1),
+    "decode b=8": (8, 1),
+    "decode b=32": (32, 1),
+    "decode b=64": (64, 1),
+    "verify 5 b=1": (1, 5),
+    "verify 5 b=8": (8, 5),
+    "verify 5 b=32": (32, 5),
+    "prefill 512": (1, 512),
+    "prefill 2048": (1, 2048),
+    "prefill 4x512": (4, 512),
+}
+
+
+def _median_ms(call, repeat: int) -> float:
+    import statistics
+
+    times = []
+    for i in range(repeat + 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return round(statistics.median(times), 2)
+
+
+def _roofline_model(device: str, spec: str, shape, costs, eff, ctx: int, repeat: int) -> dict:
+    from specdec.core.runner import ModelRunner
+
+    model = _script("invariance")._load(spec, "bfloat16", device)
+    runner = ModelRunner(model, num_slots=64, max_len=2048 + 8)
+    slots = [runner.alloc_slot() for _ in range(64)]
+    for i in range(0, 64, 8):
+        runner.forward(slots[i : i + 8], [[(7 * j) % 1000 for j in range(ctx)]] * 8, num_logits=0)
+    out = {}
+    for case, (rows, width) in ROOFLINE_CASES.items():  # the prefills last: they drop the context
+        prefill = case.startswith("prefill")
+        start, logits = (0, 1) if prefill else (ctx, width)
+        row = {}
+        for variant, invariant in (("fast", False), ("invariant", True)):
+
+            def call(rows=rows, width=width, invariant=invariant, start=start, logits=logits):
+                for slot in slots[:rows]:
+                    runner.rollback(slot, start)
+                runner.forward(slots[:rows], [[7] * width] * rows, num_logits=logits, invariant=invariant)
+
+            row[variant] = _median_ms(call, repeat)
+        predicted = (costs.prefill_s(rows, width, 0) if prefill else costs.verify_s(rows, width, ctx)) * 1e3
+        bound = predicted - shape.layers * eff.forward_overhead_ms_per_layer
+        row["roofline"] = round(predicted, 3)
+        row["fast / roofline"] = round(row["fast"] / predicted, 1)
+        row["implied overhead ms per layer (fast)"] = round((row["fast"] - bound) / shape.layers, 3)
+        out[case] = row
+    try:  # transformers' own eager decode with its cache, for scale
+        from transformers import DynamicCache
+
+        for rows in (1, 8):
+            cache = DynamicCache()
+            with torch.no_grad():
+                model(torch.full((rows, ctx), 7, device=device), past_key_values=cache, use_cache=True)
+
+            def hf(rows=rows, cache=cache):
+                with torch.no_grad():
+                    model(torch.full((rows, 1), 7, device=device), past_key_values=cache, use_cache=True)
+                cache.crop(-1)  # drop the decoded token again
+
+            out[f"decode b={rows}"]["transformers eager"] = _median_ms(hf, repeat)
+    except Exception as exc:  # noqa: BLE001 - the reference is optional
+        out["transformers eager"] = f"failed: {exc!r}"[:300]
+    return out
+
+
+def roofline(device: str, quick: bool) -> dict:
+    """The runner's forward on this GPU against the catalog's roofline for it (``specdec plan``'s
+    price, cluster/planning/costs.py), random Qwen2.5-Coder 1.5B and 0.5B shapes, bf16, context 256:
+    median ms per call of the fast and the invariant forward, transformers' own eager decode beside
+    them, and the per-layer overhead the measured time implies over the roofline's bound."""
+    from cluster.planning.catalog import load_catalog
+    from cluster.planning.costs import RooflineCosts
+
+    catalog = load_catalog()
+    gpu = "H200-SXM" if "H200" in torch.cuda.get_device_name(0) else "H100-SXM"
+    eff, ctx = catalog.efficiency, 256
+    out: dict = {"catalog device": gpu, "efficiency": vars(eff), "context": ctx, "models": {}}
+    for size in ("1.5b", "0.5b"):
+        spec, name = f"random:qwen2.5-{size}", f"qwen2.5-coder-{size}-instruct"
+        shape = catalog.model(name)
+        costs = RooflineCosts(shape, catalog.device(gpu), 1, None, None, catalog)
+        out["models"][name] = _roofline_model(device, spec, shape, costs, eff, ctx, 5 if quick else 12)
+        torch.cuda.empty_cache()
+    return out
+
+
+GRAPH_CASES = {
+    "decode b=1": (1, 1),
+    "decode b=8": (8, 1),
+    "decode b=32": (32, 1),
+    "decode b=64": (64, 1),
+    "verify 5 b=8": (8, 5),
+}
+
+
+def _graph_case(model, device: str, rows: int, width: int, ctx: int, repeat: int) -> dict:
+    from transformers import StaticCache
+
+    # room for every call's tokens: transformers 5.x advances the cache's own position whatever
+    # cache_position says, in eager calls and (on the device) in graph replays alike
+    cache = StaticCache(config=model.config, max_cache_len=ctx + width * (2 * repeat + 16))
+    with torch.no_grad():
+        model(
+            torch.full((rows, ctx), 7, device=device),
+            past_key_values=cache,
+            cache_position=torch.arange(ctx, device=device),
+        )
+        ids = torch.full((rows, width), 7, device=device)
+        positions = torch.arange(ctx, ctx + width, device=device)
+
+        def step():
+            return model(ids, past_key_values=cache, cache_position=positions)
+
+        out = {"eager, static cache": _median_ms(step, repeat)}
+        if device.startswith("cuda"):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            out["CUDA graph replay"] = _median_ms(graph.replay, repeat)
+    return out
+
+
+def graphs(device: str, quick: bool) -> dict:
+    """What the launches cost: transformers' forward with a static KV cache, run eagerly and
+    captured once in a CUDA graph then replayed, random Qwen2.5-Coder 1.5B and 0.5B shapes, bf16,
+    context 256, with the catalog's roofline price beside (its efficiencies assume a tuned engine:
+    does a graphed forward reach them?)."""
+    from cluster.planning.catalog import load_catalog
+    from cluster.planning.costs import RooflineCosts
+
+    catalog = load_catalog()
+    gpu = "H200-SXM" if "H200" in torch.cuda.get_device_name(0) else "H100-SXM"
+    out: dict = {"catalog device": gpu, "context": 256, "models": {}}
+    for size in ("1.5b", "0.5b"):
+        shape = catalog.model(f"qwen2.5-coder-{size}-instruct")
+        costs = RooflineCosts(shape, catalog.device(gpu), 1, None, None, catalog)
+        model = _script("invariance")._load(f"random:qwen2.5-{size}", "bfloat16", device)
+        rows_out = out["models"][shape.name] = {}
+        for case, (rows, width) in GRAPH_CASES.items():
+            try:
+                row = _graph_case(model, device, rows, width, 256, 5 if quick else 20)
+            except Exception as exc:  # noqa: BLE001 - one case's failure must not hide the others'
+                row = {"error": f"{exc!r}"[:500]}
+            row["roofline"] = round(costs.verify_s(rows, width, 256) * 1e3, 3)
+            rows_out[case] = row
+            torch.cuda.empty_cache()
+        del model
+    return out
+
+
+def prometheus(device: str, root: Path) -> dict:
+    """The real NVML, end to end to the router's Prometheus series: a draft worker started by hand
+    (``python -m draft_worker``, tiny model, this GPU) is polled through its Info RPC as
+    router/rebalancer.py polls it, idle and while this process runs a bf16 GEMM loop on the same
+    GPU; the sample goes through the router's ``Metrics.record_device`` and the specdec_device_*
+    lines of its /metrics text are kept."""
+    import os
+    import subprocess
+    import threading
+
+    from router.metrics import Metrics
+    from specdec.rpc import worker_pb2, worker_pb2_grpc
+    from specdec.rpc.telemetry import sample_from_proto
+    from specdec.rpc.worker_secret import SECRET_ENV, worker_channel
+
+    paths = _tiny(root)
+    os.environ[SECRET_ENV] = "gpu-check-secret-0123456789"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "draft_worker", "--model", str(paths["llama-draft"]), "--device", device]
+        + ["--dtype", "bfloat16", "--port", "0"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out: dict = {}
+    try:
+        line = proc.stdout.readline()
+        if "serving" not in line:
+            err = proc.stderr.read()[-2000:] if proc.poll() is not None else ""
+            return {"error": f"worker did not start: {line!r} {err}"}
+        metrics = Metrics()
+        big = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+        with worker_channel(line.split()[-1]) as channel:
+            stub = worker_pb2_grpc.DraftServiceStub(channel)
+
+            def poll(phase: str) -> None:
+                info = stub.Info(worker_pb2.InfoRequest(), timeout=10)
+                sample = sample_from_proto(info.telemetry) if info.HasField("telemetry") else None
+                if sample is not None:
+                    metrics.record_device("draft-0", "draft", sample)
+                lines = [ln for ln in metrics.text().decode().splitlines() if ln.startswith("specdec_device_")]
+                out[phase] = {"sample": vars(sample) if sample else None, "metrics": lines}
+
+            time.sleep(3.0)
+            poll("idle")
+            stop = threading.Event()
+
+            def load() -> None:
+                while not stop.is_set():
+                    for _ in range(20):
+                        big @ big
+                    torch.cuda.synchronize()
+
+            worker = threading.Thread(target=load)
+            worker.start()
+            time.sleep(3.0)
+            poll("another process's bf16 GEMM loop on the GPU")
+            stop.set()
+            worker.join()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -285,6 +526,9 @@ def main() -> None:
         "bigbatch": lambda: big_batch(args.device),
         "cost": lambda: cost(args.device, args.quick),
         "blockcost": lambda: block_cost(args.device, args.quick),
+        "roofline": lambda: roofline(args.device, args.quick),
+        "prometheus": lambda: prometheus(args.device, root / "prom"),
+        "graphs": lambda: graphs(args.device, args.quick),
     }
     for name in args.parts.split(","):
         t0 = time.monotonic()

@@ -151,7 +151,15 @@ def _load(model_spec: str, dtype, device: str = "cpu", layers: int | None = None
             num_attention_heads=12,
             num_key_value_heads=2,
             vocab_size=151936,
-        )
+        ),
+        "qwen2.5-0.5b": dict(
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            vocab_size=151936,
+        ),
     }
     shape = shapes[model_spec.removeprefix("random:")] | ({"num_hidden_layers": layers} if layers else {})
     config = Qwen2Config(use_sliding_window=False, tie_word_embeddings=False, **shape)

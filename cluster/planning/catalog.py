@@ -3,7 +3,7 @@ the same form): datasheet peaks, prices, roofline efficiencies, network overhead
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,25 @@ class Efficiency:
     allreduce_latency_us: float = 10.0
 
 
+def _checked_efficiency(values: dict[str, Any], where: str) -> Efficiency:
+    """An :class:`Efficiency` from ``values`` (the fields it names; the rest keep their defaults),
+    or a :class:`CatalogError` naming the bad key or value."""
+    if not isinstance(values, dict):
+        raise CatalogError(f"{where}: efficiency: expected a mapping")
+    known = {f.name for f in fields(Efficiency)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise CatalogError(f"{where}: unknown efficiency key(s) {unknown} (known: {sorted(known)})")
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CatalogError(f"{where}: efficiency {key}: expected a number, got {value!r}")
+        if key in ("memory_bandwidth", "compute") and not 0 < value <= 1:
+            raise CatalogError(f"{where}: efficiency {key}: a fraction of the datasheet peak, in (0, 1], got {value}")
+        if value < 0:
+            raise CatalogError(f"{where}: efficiency {key}: must be >= 0, got {value}")
+    return Efficiency(**{k: float(v) for k, v in values.items()})
+
+
 @dataclass
 class Catalog:
     devices: dict[str, Device]
@@ -76,6 +95,12 @@ class Catalog:
             return self.devices[name]
         except KeyError:
             raise CatalogError(f"unknown device {name!r}; the catalog has {', '.join(self.devices)}") from None
+
+    def with_efficiency(self, overrides: dict[str, float]) -> Catalog:
+        """This catalog with some efficiencies replaced (``specdec plan --efficiency``): what an
+        answer costs under another assumption, without editing the file."""
+        checked = _checked_efficiency(overrides, "--efficiency")
+        return replace(self, efficiency=replace(self.efficiency, **{k: getattr(checked, k) for k in overrides}))
 
     def model(self, name: str) -> ModelShape:
         try:
@@ -109,10 +134,7 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
         raise CatalogError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(data, dict) or not data.get("devices") or not data.get("models"):
         raise CatalogError(f"{path}: a catalog needs 'devices' and 'models' sections")
-    try:
-        eff = Efficiency(**(data.get("efficiency") or {}))
-    except TypeError as exc:
-        raise CatalogError(f"{path}: efficiency: {exc}") from None
+    eff = _checked_efficiency(data.get("efficiency") or {}, str(path))
     return Catalog(
         devices={n: _build(Device, n, d, str(path)) for n, d in data["devices"].items()},
         models={n: _build(ModelShape, n, d, str(path)) for n, d in data["models"].items()},

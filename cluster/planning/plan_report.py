@@ -76,7 +76,8 @@ def format_plan(result: PlanResult, rejected_shown: int = 8) -> str:
         f"target {q['target']}, draft {q['draft'] or 'none'}; {q['rate']:g} requests/s, prompts ~"
         f"{q['prompt_tokens_mean']:.0f} tokens, outputs ~{q['output_tokens_mean']:.0f}; objectives: "
         + (", ".join(o for o in objectives if o) or "keep up with the arrivals"),
-        f"catalog {q['catalog']}; {q.get('simulations', 0)} simulations of {q['requests']} requests",
+        f"catalog {q['catalog']}{_efficiency(q.get('efficiency'))}; {q.get('simulations', 0)} simulations of "
+        f"{q['requests']} requests",
         "",
         ("answer: " if result.best else "no answer: ") + result.answer,
     ]
@@ -181,3 +182,13 @@ def plot_cost_frontier(evaluated: list[Evaluation], path: str | Path, slo: dict[
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _efficiency(e: dict | None) -> str:
+    """The roofline's assumptions, which move the answer (bench/NOTES.md, the H100's measured overheads)."""
+    if not e:
+        return ""
+    return (
+        f" (efficiency: memory bandwidth {e['memory_bandwidth']:g}, compute {e['compute']:g}, "
+        f"{e['forward_overhead_ms_per_layer']:g} ms per layer and forward, all-reduce {e['allreduce_latency_us']:g} us)"
+    )

@@ -436,6 +436,7 @@ def plan(
         "output_tokens_mean": round(workload.output.mean, 1),
         "slo": dataclasses.asdict(slo),
         "catalog": catalog.source,
+        "efficiency": dataclasses.asdict(catalog.efficiency),
     }
     names = space.target_devices or list(catalog.devices)
     searched = [catalog.device(n) for n in names]

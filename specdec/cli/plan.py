@@ -33,6 +33,20 @@ def _floats(text: str) -> tuple[float, ...]:
     return values
 
 
+def _key_values(text: str, flag: str) -> dict[str, float]:
+    """``"a=1,b=0.5"`` -> ``{"a": 1.0, "b": 0.5}``; a ValueError naming ``flag`` otherwise."""
+    out = {}
+    for item in _names(text):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        try:
+            if not (key and sep):
+                raise ValueError(item)
+            out[key] = float(value)
+        except ValueError:
+            raise ValueError(f"{flag}: expected KEY=NUMBER[,KEY=NUMBER...], got {item!r}") from None
+    return out
+
+
 def _names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -253,6 +267,8 @@ def _plan(args: argparse.Namespace) -> int:
         return USAGE
     try:
         catalog = load_catalog(args.catalog)
+        if args.efficiency:
+            catalog = catalog.with_efficiency(_key_values(args.efficiency, "--efficiency"))
         router = load_config(args.config or DEFAULT_CONFIG.with_name("cluster.yaml")).router
         profile = Profile.load(args.profile) if args.profile else None
         _note_thin(profile)
@@ -357,6 +373,12 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, help="a model of the catalog (e.g. llama-3.1-70b)")
     p.add_argument("--draft", default=None, help="a model of the catalog, or none")
     p.add_argument("--catalog", default=None, help="devices and models YAML (default cluster/planning/catalog.yaml)")
+    p.add_argument(
+        "--efficiency",
+        default=None,
+        metavar="KEY=V,...",
+        help="replace the catalog's roofline efficiencies, e.g. forward_overhead_ms_per_layer=0.11",
+    )
     p.add_argument("--config", default=None, help="router settings (default configs/cluster.yaml)")
     p.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s")
     p.add_argument("--trace", default=None, help="JSONL/CSV trace: t, prompt_tokens, output_tokens per request")

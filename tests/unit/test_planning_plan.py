@@ -55,6 +55,27 @@ def test_roofline_decode_is_memory_bound_and_prefill_compute_bound(catalog):
     assert memory_needed_gb(m, 4, 0, 0) == pytest.approx(1.1 * m.weight_bytes / 4 / 1e9)
 
 
+def test_efficiencies_are_checked_and_an_override_moves_the_price(catalog, tmp_path):
+    m, h100 = catalog.model("llama-3.1-70b"), catalog.device("H100-SXM")
+    launch_bound = catalog.with_efficiency({"forward_overhead_ms_per_layer": 0.11})
+    base = RooflineCosts(m, h100, 4, None, None, catalog).verify_s(1, 1, 0)
+    slower = RooflineCosts(m, h100, 4, None, None, launch_bound).verify_s(1, 1, 0)
+    assert slower - base == pytest.approx(m.layers * (0.11 - catalog.efficiency.forward_overhead_ms_per_layer) / 1e3)
+    assert launch_bound.efficiency.memory_bandwidth == catalog.efficiency.memory_bandwidth  # the rest is kept
+    assert catalog.efficiency.forward_overhead_ms_per_layer != 0.11  # the catalog itself is unchanged
+    bad = {"launch_ms": 1.0}, {"compute": 1.5}, {"allreduce_latency_us": -1.0}, {"compute": "fast"}
+    for values, match in zip(bad, ("unknown efficiency", r"\(0, 1\]", ">= 0", "a number"), strict=True):
+        with pytest.raises(CatalogError, match=match):
+            catalog.with_efficiency(values)
+    device = "memory_gb: 8, bandwidth_gbs: 1, bf16_tflops: 1, price_per_hour: 1"
+    model = "{m: {params_b: 1, layers: 1, hidden: 8, heads: 1, kv_heads: 1, head_dim: 8, vocab: 8}}"
+    (tmp_path / "e.yaml").write_text(
+        f"efficiency: {{memory_bandwidth: 70}}\ndevices: {{X: {{{device}}}}}\nmodels: {model}\n"
+    )
+    with pytest.raises(CatalogError, match="memory_bandwidth"):  # a percentage where a fraction belongs
+        load_catalog(tmp_path / "e.yaml")
+
+
 def test_plan_finds_the_cheapest_deployment_that_meets_the_objectives(catalog):
     space = SearchSpace(
         target_devices=["L4", "A100-80GB"], draft_devices=["colocated"], max_batches=(32,), runners_up=2
@@ -97,14 +118,23 @@ def test_plan_command_table_json_plots_and_bad_input(tmp_path, capsys):
     args = ["plan", "--target", "llama-3.1-8b", "--draft", "llama-3.2-1b", "--rate", "2", "--prompt-tokens", "256",
             "--output-tokens", "64", "--acceptance", "0.8", "--tpot-p99-ms", "200", "--devices", "L4,A100-80GB",
             "--draft-devices", "colocated", "--max-batch", "32", "--requests", "30", "--runners-up", "1",
-            "--json", str(out), "--plot", str(png)]  # fmt: skip
+            "--efficiency", "forward_overhead_ms_per_layer=0.11", "--json", str(out), "--plot", str(png)]  # fmt: skip
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "answer:" in text and "best" in text and "$/Mtok" in text
-    assert json.loads(out.read_text())["best"]["ok"]
+    assert "(efficiency: memory bandwidth 0.7, compute 0.5, 0.11 ms per layer and forward" in text
+    answer = json.loads(out.read_text())
+    assert answer["best"]["ok"] and answer["question"]["efficiency"]["forward_overhead_ms_per_layer"] == 0.11
     assert (tmp_path / "p-latency.png").stat().st_size > 0 and (tmp_path / "p-frontier.png").stat().st_size > 0
     assert main(args[:-4] + ["--tpot-p99-ms", "0.5"]) == 1
     assert "no answer" in capsys.readouterr().out
     assert main(["plan", "--target", "llama-3.1-8b", "--rate", "1", "--devices", "TPU"]) == 2
     assert "unknown device" in capsys.readouterr().err
+    for bad, says in (
+        ("nope=1", "unknown efficiency"),
+        ("compute", "expected KEY=NUMBER"),
+        ("compute=x", "KEY=NUMBER"),
+    ):
+        assert main(["plan", "--target", "llama-3.1-8b", "--rate", "1", "--efficiency", bad]) == 2
+        assert says in capsys.readouterr().err
     assert main(["plan", "--target", "llama-3.1-8b"]) == 2
