@@ -21,6 +21,7 @@ session runs, since CI and the development machines have none.
     specdec_device_* series (issue 11).
 11. graphs: transformers' forward with a static cache, eager and replayed from a CUDA graph, against
     the roofline: what the launches cost.
+12. bmmblocks: whether one batched GEMM gives the rows of the invariant forward's 64-row blocks.
 
 Each part runs on its own; a failure is recorded (with its traceback) and the next part runs.
 """
@@ -434,6 +435,54 @@ def graphs(device: str, quick: bool) -> dict:
     return out
 
 
+def bmm_blocks(device: str, quick: bool) -> dict:
+    """Can one batched GEMM replace the invariant forward's loop over 64-row blocks (32 launches a
+    weight for a 2048-token prefill)? For the Qwen2.5-1.5B projections in bf16: is block 0 of
+    ``torch.bmm`` over n blocks (the weight expanded, stride 0) bitwise the same for every n, and
+    the same as the 64-row GEMM the runner uses now; and the median ms of the three ways at 2048 rows."""
+    import statistics
+
+    shapes = _script("invariance").LINEAR_SHAPES  # the lm_head prefills no logits: left out
+    gen = torch.Generator().manual_seed(0)
+    block, out = 64, {}
+    for name, (n, k) in shapes.items():
+        if not name.startswith("qwen"):
+            continue
+        w = (torch.randn(n, k, generator=gen) * 0.05).to(device, torch.bfloat16)
+        x = torch.randn(2048, k, generator=gen).to(device, torch.bfloat16)
+        gemm = F.linear(x[:block], w)
+
+        def bmm(rows: int, w=w, x=x, k=k):
+            blocks = rows // block
+            return torch.bmm(x[:rows].view(blocks, block, k), w.t().expand(blocks, k, w.shape[0]))
+
+        firsts = {nb: bmm(nb * block)[0] for nb in (1, 2, 3, 4, 8, 16, 32)}
+        row = {
+            "bmm block 0 the same for every n": all(torch.equal(v, firsts[1]) for v in firsts.values()),
+            "bmm equals the 64-row GEMM": torch.equal(firsts[1], gemm),
+            "bmm every block equals its own 64-row GEMM": all(
+                torch.equal(b, F.linear(x[i * block : (i + 1) * block], w)) for i, b in enumerate(bmm(2048))
+            ),
+        }
+        ways = {
+            "loop of 64-row GEMMs": lambda w=w, x=x: torch.cat([F.linear(b, w) for b in x.split(block)]),
+            "one bmm": lambda: bmm(2048),
+            "one GEMM (not invariant)": lambda w=w, x=x: F.linear(x, w),
+        }
+        for way, call in ways.items():
+            times = []
+            for i in range((5 if quick else 20) + 2):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                call()
+                torch.cuda.synchronize()
+                if i >= 2:
+                    times.append((time.perf_counter() - t0) * 1e3)
+            row[f"{way}, ms"] = round(statistics.median(times), 3)
+        out[name] = row
+    return out
+
+
 def prometheus(device: str, root: Path) -> dict:
     """The real NVML, end to end to the router's Prometheus series: a draft worker started by hand
     (``python -m draft_worker``, tiny model, this GPU) is polled through its Info RPC as
@@ -529,6 +578,7 @@ def main() -> None:
         "roofline": lambda: roofline(args.device, args.quick),
         "prometheus": lambda: prometheus(args.device, root / "prom"),
         "graphs": lambda: graphs(args.device, args.quick),
+        "bmmblocks": lambda: bmm_blocks(args.device, args.quick),
     }
     for name in args.parts.split(","):
         t0 = time.monotonic()

@@ -76,7 +76,7 @@ def format_plan(result: PlanResult, rejected_shown: int = 8) -> str:
         f"target {q['target']}, draft {q['draft'] or 'none'}; {q['rate']:g} requests/s, prompts ~"
         f"{q['prompt_tokens_mean']:.0f} tokens, outputs ~{q['output_tokens_mean']:.0f}; objectives: "
         + (", ".join(o for o in objectives if o) or "keep up with the arrivals"),
-        f"catalog {q['catalog']}{_efficiency(q.get('efficiency'))}; {q.get('simulations', 0)} simulations of "
+        f"catalog {_shown_path(q['catalog'])}{_efficiency(q.get('efficiency'))}; {q.get('simulations', 0)} simulations of "
         f"{q['requests']} requests",
         "",
         ("answer: " if result.best else "no answer: ") + result.answer,
@@ -192,3 +192,11 @@ def _efficiency(e: dict | None) -> str:
         f" (efficiency: memory bandwidth {e['memory_bandwidth']:g}, compute {e['compute']:g}, "
         f"{e['forward_overhead_ms_per_layer']:g} ms per layer and forward, all-reduce {e['allreduce_latency_us']:g} us)"
     )
+
+
+def _shown_path(path: str) -> str:
+    """A path under the working directory as a relative one (the default catalog's, shortened)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return path
