@@ -76,8 +76,8 @@ def format_plan(result: PlanResult, rejected_shown: int = 8) -> str:
         f"target {q['target']}, draft {q['draft'] or 'none'}; {q['rate']:g} requests/s, prompts ~"
         f"{q['prompt_tokens_mean']:.0f} tokens, outputs ~{q['output_tokens_mean']:.0f}; objectives: "
         + (", ".join(o for o in objectives if o) or "keep up with the arrivals"),
-        f"catalog {_shown_path(q['catalog'])}{_efficiency(q.get('efficiency'))}; {q.get('simulations', 0)} simulations of "
-        f"{q['requests']} requests",
+        f"catalog {_shown_path(q['catalog'])}{_efficiency(q.get('efficiency'))}; "
+        f"{q.get('simulations', 0)} simulations of {q['requests']} requests",
         "",
         ("answer: " if result.best else "no answer: ") + result.answer,
     ]
