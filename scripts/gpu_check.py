@@ -284,7 +284,8 @@ ROOFLINE_CASES = {  # name: (rows, tokens per row); decode and verify over a 256
 }
 
 
-def _median_ms(call, repeat: int) -> float:
+def _median_ms(call, repeat: int, digits: int = 2) -> float:
+    """Median wall ms of ``repeat`` calls after two warm-up calls, the GPU synchronized around each."""
     import statistics
 
     times = []
@@ -295,7 +296,7 @@ def _median_ms(call, repeat: int) -> float:
         torch.cuda.synchronize()
         if i >= 2:
             times.append((time.perf_counter() - t0) * 1e3)
-    return round(statistics.median(times), 2)
+    return round(statistics.median(times), digits)
 
 
 def _roofline_model(device: str, spec: str, shape, costs, eff, ctx: int, repeat: int) -> dict:
@@ -440,7 +441,6 @@ def bmm_blocks(device: str, quick: bool) -> dict:
     weight for a 2048-token prefill)? For the Qwen2.5-1.5B projections in bf16: is block 0 of
     ``torch.bmm`` over n blocks (the weight expanded, stride 0) bitwise the same for every n, and
     the same as the 64-row GEMM the runner uses now; and the median ms of the three ways at 2048 rows."""
-    import statistics
 
     shapes = _script("invariance").LINEAR_SHAPES  # the lm_head prefills no logits: left out
     gen = torch.Generator().manual_seed(0)
@@ -470,15 +470,7 @@ def bmm_blocks(device: str, quick: bool) -> dict:
             "one GEMM (not invariant)": lambda w=w, x=x: F.linear(x, w),
         }
         for way, call in ways.items():
-            times = []
-            for i in range((5 if quick else 20) + 2):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                call()
-                torch.cuda.synchronize()
-                if i >= 2:
-                    times.append((time.perf_counter() - t0) * 1e3)
-            row[f"{way}, ms"] = round(statistics.median(times), 3)
+            row[f"{way}, ms"] = _median_ms(call, 5 if quick else 20, digits=3)
         out[name] = row
     return out
 
