@@ -17,8 +17,10 @@ attention with explicit reductions whose order is fixed by construction:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
 
 KEY_BLOCK = 64
 # A CPU GEMM rounds a row according to the block of rows it is computed in (bench/NOTES.md, "bf16
@@ -32,6 +34,16 @@ MIN_BF16_GEMM_ROWS = 2
 # float32 rows change at M = 2, 9, 12, 17, ... (bench/NOTES.md "GPU check"). The invariant forward
 # runs each CUDA weight GEMM over blocks of exactly this many rows, so every row gets one kernel.
 CUDA_GEMM_BLOCK = 64
+# The CPU rule above is the BLAS's, so it is measured, not assumed: on an Intel Xeon with AMX (torch
+# 2.13) a float32 row of SmolLM2's down projection rounds one way at M = 16-56 and another at
+# 57-192, and a bf16 row of its up projection changes past M = 32 (bench/NOTES.md, eighth session).
+# Where `padding_rule_holds` finds that, the CPU runs weight GEMMs in blocks of exactly this many rows
+# too (every row then gets one kernel, whatever its position: checked there as well).
+CPU_GEMM_BLOCK = 16
+_PROBE_ROWS = (1, 2, 3, 4, 5, 8, 15, 16, 17, 32, 33, 56, 57, 64, 65, 128, 192, 200)
+_PROBE_MAX_OUT = 16384  # larger weights (lm_heads) are left out of the probe: too costly to time
+_PROBE_SHAPES = ((1536, 576), (576, 1536))  # SmolLM2's MLP, where the AMX machine breaks the rule
+_RULE_HOLDS: dict[tuple, bool] = {}
 
 
 def gemm_rows(rows: int, dtype: torch.dtype) -> int:
@@ -39,6 +51,32 @@ def gemm_rows(rows: int, dtype: torch.dtype) -> int:
     if dtype == torch.bfloat16:
         return max(rows, MIN_BF16_GEMM_ROWS)
     return max(1, -(-rows // MIN_GEMM_ROWS)) * MIN_GEMM_ROWS
+
+
+def padding_rule_holds(weights: Iterable[torch.Tensor], dtype: torch.dtype) -> bool:
+    """Whether `gemm_rows`' padding gives a row the same numbers in every CPU GEMM on this machine,
+    with the current threads, for the shapes of ``weights`` (and a few common ones): every row
+    count it pads to gives a row the same result, and so does every position in the largest. Cached
+    per dtype, threads and shapes (a few hundred small GEMMs the first time)."""
+    shapes = {tuple(w.shape) for w in weights if w.shape[0] <= _PROBE_MAX_OUT} | set(_PROBE_SHAPES)
+    key = (dtype, torch.get_num_threads(), tuple(sorted(shapes)))
+    if key not in _RULE_HOLDS:
+        _RULE_HOLDS[key] = all(_rule_holds_for(n, k, dtype) for n, k in sorted(shapes))
+    return _RULE_HOLDS[key]
+
+
+def _rule_holds_for(n: int, k: int, dtype: torch.dtype) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(dtype)
+    row = torch.randn(1, k, generator=gen).to(dtype)
+    counts = sorted({gemm_rows(m, dtype) for m in _PROBE_ROWS})
+    others = torch.randn(counts[-1], k, generator=gen).to(dtype)
+    want = F.linear(torch.cat([row, others[: counts[0] - 1]]), w)[0]
+    for m in counts[1:]:
+        if not torch.equal(F.linear(torch.cat([row, others[: m - 1]]), w)[0], want):
+            return False
+    same = F.linear(row.expand(counts[-1], k).contiguous(), w)  # one row at every position
+    return bool((same == same[0]).all())
 
 
 def padded_span(span: int) -> int:

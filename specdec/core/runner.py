@@ -22,11 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from specdec.core.attention import (
+    CPU_GEMM_BLOCK,
     CUDA_GEMM_BLOCK,
     gemm_rows,
     hidden_keys_bias,
     invariant_attention,
     padded_span,
+    padding_rule_holds,
     query_width,
 )
 from specdec.core.quant import Int8Weight, int8_supported, linear, quantize_int8
@@ -165,10 +167,18 @@ class ModelRunner:
             raise RunnerError(f"weight_quant must be None or 'int8', got {weight_quant!r}")
 
         self.invariant_numerics = invariant_numerics and not any(isinstance(w.q, Int8Weight) for w in self.layers)
+        if self.device.type == "cpu" and not padding_rule_holds(self._weights(), self.dtype):
+            self.gemm_block = CPU_GEMM_BLOCK
         self.alloc_kv_cache()
         self.lengths = [0] * num_slots
         self.slot_tokens: list[list[int]] = [[] for _ in range(num_slots)]
         self._free = list(range(num_slots - 1, -1, -1))
+
+    def _weights(self) -> list[torch.Tensor]:
+        """The dense weights the invariant forward multiplies by (int8 ones never run invariant)."""
+        names = ("q", "k", "v", "o", "gate", "up", "down")
+        found = [getattr(layer, n) for layer in self.layers for n in names] + [self.lm_head]
+        return [w for w in found if isinstance(w, torch.Tensor)]
 
     def alloc_kv_cache(self) -> None:
         """Empty K and V caches for every slot at the current ``num_kv_heads`` (specdec.core.tp

@@ -15,14 +15,17 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specdec.core.attention import gemm_rows
+import specdec.core.attention as attention
+from specdec.core.attention import CPU_GEMM_BLOCK, gemm_rows, padding_rule_holds
 from specdec.core.drafters import ModelDrafter, NgramProposer, NoDrafter
 from specdec.core.engine import KPolicy, SpecEngine
 from specdec.core.params import SamplingParams
@@ -108,20 +111,46 @@ def test_row_logits_do_not_depend_on_the_rest_of_the_forward(case):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gemm_row_rule_holds_with_two_threads(dtype):
-    """The row counts `gemm_rows` pads to give every row the rounding it gets in any other such GEMM,
-    also when threads split the rows (float32 MKL splits them in blocks of 4; the forward tests above
-    run with one thread, the service with more)."""
+def test_weight_gemms_round_a_row_one_way_with_two_threads(dtype):
+    """The invariant forward's weight GEMM gives a row the rounding it gets in any other such GEMM,
+    also when threads split the rows: `gemm_rows`' padding where this machine's BLAS keeps it
+    (`padding_rule_holds`), else blocks of CPU_GEMM_BLOCK rows (the forward tests above run with one
+    thread, the service with more). 1 to 40 rows: past 32, where a bf16 row changed on AMX."""
     gen = torch.Generator().manual_seed(0)
     # Qwen2.5-1.5B's up_proj shape: bf16 rounds a lone row differently in a few of its outputs.
     w = (torch.randn(8960, 1536, generator=gen) * 0.05).to(dtype)
-    x = torch.randn(16, 1536, generator=gen).to(dtype)
-    want = torch.nn.functional.linear(x, w)  # one thread, 16 rows
+    x = torch.randn(40, 1536, generator=gen).to(dtype)
     torch.set_num_threads(2)
-    for m in range(1, 14):
-        rows = gemm_rows(m, dtype)
-        got = torch.nn.functional.linear(torch.cat([x[:m], x.new_zeros(rows - m, 1536)]), w)[:m]
-        assert torch.equal(got, want[:m]), f"{m} rows padded to {rows}"
+    runner = SimpleNamespace(gemm_block=None if padding_rule_holds([w], dtype) else CPU_GEMM_BLOCK)
+
+    def invariant_linear(rows: torch.Tensor) -> torch.Tensor:  # as a forward of len(rows) tokens runs it
+        padded = F.pad(rows, (0, 0, 0, gemm_rows(len(rows), dtype) - len(rows)))
+        return ModelRunner._linear(runner, padded, w, None, True)[: len(rows)]
+
+    want = torch.cat([invariant_linear(x[i : i + 1]) for i in range(40)])  # each row alone
+    for m in range(1, 41):
+        assert torch.equal(invariant_linear(x[:m]), want[:m]), f"{m} rows, blocks {runner.gemm_block}"
+
+
+def test_the_padding_probe_tells_a_blas_that_breaks_the_rule(monkeypatch, tiny_paths):
+    """`padding_rule_holds` against two stand-ins for a BLAS (this machine's is whatever it is): one
+    that rounds a row by itself passes; one that rounds rows another way past 32 (as bf16 did on an
+    AMX Xeon) fails, and a runner built there runs its weight GEMMs in blocks."""
+    real = F.linear
+
+    def row_by_row(x, w, bias=None):
+        return torch.cat([real(r[None], w, bias) for r in x])
+
+    def other_past_32(x, w, bias=None):
+        out = real(x, w, bias)
+        return out * (1 + 2**-6) if x.shape[0] > 32 else out
+
+    for blas, holds in ((row_by_row, True), (other_past_32, False)):
+        monkeypatch.setattr(attention, "_RULE_HOLDS", {})
+        monkeypatch.setattr(attention.F, "linear", blas)
+        assert padding_rule_holds([], torch.float32) is holds, blas.__name__
+    runner = ModelRunner(load_hf(tiny_paths["llama"]), num_slots=1, max_len=MAX_LEN)
+    assert runner.gemm_block == CPU_GEMM_BLOCK
 
 
 def test_the_fast_forward_is_not_invariant(smollm_path):

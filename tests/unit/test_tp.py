@@ -128,7 +128,9 @@ def test_sharded_logits_equal_unsharded(request, name, ranks, lm_head, dtype, kw
 
 def test_int8_draft_runner_with_a_vocabulary_subset_shards(tiny_paths):
     """The drafters' cheaper runner (int8 weights, bf16, frequency-ranked vocabulary subset) on two
-    ranks: the same int8 matmuls summed in another order, so bf16-close, and the same argmax."""
+    ranks: the same int8 matmuls summed in another order, so bf16-close, and an argmax that is the
+    reference's best token or within that closeness of it (a near-tie may fall either way: it did
+    on an AMX Xeon)."""
     path = str(tiny_paths["llama"])
     kwargs = {"weight_quant": "int8", "vocab_subset": list(range(0, 259, 2))}  # odd ids are left out
     spec = GroupSpec(path, 2, dtype="bfloat16", num_slots=2, max_len=64, runner_kwargs=kwargs)
@@ -152,7 +154,8 @@ def test_int8_draft_runner_with_a_vocabulary_subset_shards(tiny_paths):
             finite = want.isfinite()
             scale = want[finite].abs().max().item()
             assert (got[finite] - want[finite]).abs().max().item() <= 0.03 * scale
-            assert torch.equal(got.argmax(-1), want.argmax(-1))
+            picked = want.gather(-1, got.argmax(-1, keepdim=True)).squeeze(-1)
+            assert (picked >= want.max(-1).values - 0.03 * scale).all()
 
 
 def test_a_hung_rank_is_found_by_the_timeout(tiny_paths):
