@@ -68,9 +68,9 @@ async def _stream_until_cut(options: list, freeze: bool, wait_s: float) -> float
 def _cut(options: list, freeze: bool, wait_s: float, tries: int = 1) -> float | None:
     """_stream_until_cut in a fresh process (no gRPC state shared between servers), up to ``tries``
     times until one is cut. gRPC core now and then fires neither the keepalive nor the connection
-    age on a connection (seen in ~1 of 10 fresh servers, in both cases; twice in a row once, in a
-    full `make test` on an Intel Xeon VM); the checks that the cut happens take up to four tries,
-    the checks that it does not happen take one."""
+    age on a connection (seen in ~1 of 10 fresh servers, in both cases; on an Intel Xeon VM up to
+    three in a row: 4 misses in 14 tries over 10 runs, and once 4 in a row); the checks that the cut
+    happens take up to six tries, the checks that it does not happen take one."""
     ctx = multiprocessing.get_context("spawn")
     after = None
     for _ in range(tries):
@@ -87,7 +87,7 @@ def _run_cut(options: list, freeze: bool, wait_s: float) -> float | None:
 
 def test_a_frozen_client_is_dropped_by_the_keepalive():
     limits = ConnectionLimits(keepalive_time_s=1.0, keepalive_timeout_s=1.0)
-    after = _cut(limits.server_options(), freeze=True, wait_s=10, tries=4)
+    after = _cut(limits.server_options(), freeze=True, wait_s=10, tries=6)
     assert after is not None and after < 5, after
     # the rule that makes it so: without grpc.http2.ping_timeout_ms the same client stays connected
     without = [o for o in limits.server_options() if o[0] != "grpc.http2.ping_timeout_ms"]
@@ -97,7 +97,7 @@ def test_a_frozen_client_is_dropped_by_the_keepalive():
 def test_a_client_that_never_reads_is_cut_at_the_connection_age():
     """It answers pings (its transport runs) but reads nothing: the age and the grace bound it."""
     limits = ConnectionLimits(keepalive_time_s=1.0, max_connection_age_s=1.0, max_connection_age_grace_s=1.0)
-    after = _cut(limits.server_options(), freeze=False, wait_s=10, tries=4)
+    after = _cut(limits.server_options(), freeze=False, wait_s=10, tries=6)
     assert after is not None and after < 6, after
     no_age = ConnectionLimits(keepalive_time_s=1.0).server_options()
     assert _cut(no_age, freeze=False, wait_s=3) is None
