@@ -1,0 +1,261 @@
+"""What forwards cost on a GPU, the timing parts of scripts/gpu_check.py (which runs them with the
+checks, by name, and writes one report): bench/NOTES.md "GPU check" and the eighth session.
+
+- cost: the invariant forward against the fast one, random Qwen2.5-1.5B (28 layers), bf16.
+- blockcost: the CUDA GEMM blocks' own cost, the forwards interleaved call by call.
+- roofline: the runner's forward against the planning catalog's roofline price for this GPU.
+- graphs: transformers' forward with a static cache, eager and replayed from a CUDA graph, against
+  the roofline: what the launches cost.
+- bmmblocks: whether one batched GEMM gives the rows of the invariant forward's 64-row blocks.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import invariance
+import torch
+import torch.nn.functional as F
+
+
+def block_cost(device: str, quick: bool) -> dict:
+    """Median ms per call of the invariant forward with the GEMM blocks and without, and of the
+    fast forward, interleaved call by call (random Qwen2.5-1.5B, 28 layers, bf16, context 256)."""
+
+    from specdec.core.runner import ModelRunner
+
+    runner = ModelRunner(invariance._load("random:qwen2.5-1.5b", "bfloat16", device), 8, 272)
+    block = runner.gemm_block or 64
+    slots = [runner.alloc_slot() for _ in range(8)]
+    runner.forward(slots, [[i % 200 for i in range(256)]] * 8, num_logits=0)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    variants = {
+        "fast": (False, None),
+        f"invariant, blocks of {block}": (True, block),
+        "invariant, one GEMM": (True, None),
+    }
+    out = {}
+    for name, (batch, new) in {"decode b=1": (1, 1), "decode b=8": (8, 1), "verify 6 b=8": (8, 6)}.items():
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        for i in range((5 if quick else 20) + 2):
+            for v, (invariant, gemm_block) in variants.items():
+                runner.gemm_block = gemm_block
+                sync()
+                t0 = time.perf_counter()
+                runner.forward(slots[:batch], [[7] * new] * batch, num_logits=new, invariant=invariant)
+                sync()
+                if i >= 2:
+                    times[v].append((time.perf_counter() - t0) * 1e3)
+                for s in slots[:batch]:
+                    runner.rollback(s, 256)
+        out[name] = {v: round(statistics.median(t), 2) for v, t in times.items()}
+    return out
+
+
+def cost(device: str, quick: bool) -> dict:
+    return invariance.time_cost("random:qwen2.5-1.5b", "bfloat16", 256, 5 if quick else 20, device)
+
+
+ROOFLINE_CASES = {  # name: (rows, tokens per row); decode and verify over a 256-token context
+    "decode b=1": (1, 1),
+    "decode b=8": (8, 1),
+    "decode b=32": (32, 1),
+    "decode b=64": (64, 1),
+    "verify 5 b=1": (1, 5),
+    "verify 5 b=8": (8, 5),
+    "verify 5 b=32": (32, 5),
+    "prefill 512": (1, 512),
+    "prefill 2048": (1, 2048),
+    "prefill 4x512": (4, 512),
+}
+
+
+def _median_ms(call, repeat: int, digits: int = 2) -> float:
+    """Median wall ms of ``repeat`` calls after two warm-up calls, the GPU synchronized around each."""
+
+    times = []
+    for i in range(repeat + 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return round(statistics.median(times), digits)
+
+
+def _roofline_model(device: str, spec: str, shape, costs, eff, ctx: int, repeat: int) -> dict:
+    from specdec.core.runner import ModelRunner
+
+    model = invariance._load(spec, "bfloat16", device)
+    runner = ModelRunner(model, num_slots=64, max_len=2048 + 8)
+    slots = [runner.alloc_slot() for _ in range(64)]
+    for i in range(0, 64, 8):
+        runner.forward(slots[i : i + 8], [[(7 * j) % 1000 for j in range(ctx)]] * 8, num_logits=0)
+    out = {}
+    for case, (rows, width) in ROOFLINE_CASES.items():  # the prefills last: they drop the context
+        prefill = case.startswith("prefill")
+        start, logits = (0, 1) if prefill else (ctx, width)
+        row = {}
+        for variant, invariant in (("fast", False), ("invariant", True)):
+
+            def call(rows=rows, width=width, invariant=invariant, start=start, logits=logits):
+                for slot in slots[:rows]:
+                    runner.rollback(slot, start)
+                runner.forward(slots[:rows], [[7] * width] * rows, num_logits=logits, invariant=invariant)
+
+            row[variant] = _median_ms(call, repeat)
+        predicted = (costs.prefill_s(rows, width, 0) if prefill else costs.verify_s(rows, width, ctx)) * 1e3
+        bound = predicted - shape.layers * eff.forward_overhead_ms_per_layer
+        row["roofline"] = round(predicted, 3)
+        row["fast / roofline"] = round(row["fast"] / predicted, 1)
+        row["implied overhead ms per layer (fast)"] = round((row["fast"] - bound) / shape.layers, 3)
+        out[case] = row
+    try:  # transformers' own eager decode with its cache, for scale
+        from transformers import DynamicCache
+
+        for rows in (1, 8):
+            cache = DynamicCache()
+            with torch.no_grad():
+                model(torch.full((rows, ctx), 7, device=device), past_key_values=cache, use_cache=True)
+
+            def hf(rows=rows, cache=cache):
+                with torch.no_grad():
+                    model(torch.full((rows, 1), 7, device=device), past_key_values=cache, use_cache=True)
+                cache.crop(-1)  # drop the decoded token again
+
+            out[f"decode b={rows}"]["transformers eager"] = _median_ms(hf, repeat)
+    except Exception as exc:  # noqa: BLE001 - the reference is optional
+        out["transformers eager"] = f"failed: {exc!r}"[:300]
+    return out
+
+
+def roofline(device: str, quick: bool) -> dict:
+    """The runner's forward on this GPU against the catalog's roofline for it (``specdec plan``'s
+    price, cluster/planning/costs.py), random Qwen2.5-Coder 1.5B and 0.5B shapes, bf16, context 256:
+    median ms per call of the fast and the invariant forward, transformers' own eager decode beside
+    them, and the per-layer overhead the measured time implies over the roofline's bound."""
+    from cluster.planning.catalog import load_catalog
+    from cluster.planning.costs import RooflineCosts
+
+    catalog = load_catalog()
+    gpu = "H200-SXM" if "H200" in torch.cuda.get_device_name(0) else "H100-SXM"
+    eff, ctx = catalog.efficiency, 256
+    out: dict = {"catalog device": gpu, "efficiency": vars(eff), "context": ctx, "models": {}}
+    for size in ("1.5b", "0.5b"):
+        spec, name = f"random:qwen2.5-{size}", f"qwen2.5-coder-{size}-instruct"
+        shape = catalog.model(name)
+        costs = RooflineCosts(shape, catalog.device(gpu), 1, None, None, catalog)
+        out["models"][name] = _roofline_model(device, spec, shape, costs, eff, ctx, 5 if quick else 12)
+        torch.cuda.empty_cache()
+    return out
+
+
+GRAPH_CASES = {
+    "decode b=1": (1, 1),
+    "decode b=8": (8, 1),
+    "decode b=32": (32, 1),
+    "decode b=64": (64, 1),
+    "verify 5 b=8": (8, 5),
+}
+
+
+def _graph_case(model, device: str, rows: int, width: int, ctx: int, repeat: int) -> dict:
+    from transformers import StaticCache
+
+    # room for every call's tokens: transformers 5.x advances the cache's own position whatever
+    # cache_position says, in eager calls and (on the device) in graph replays alike
+    cache = StaticCache(config=model.config, max_cache_len=ctx + width * (2 * repeat + 16))
+    with torch.no_grad():
+        model(
+            torch.full((rows, ctx), 7, device=device),
+            past_key_values=cache,
+            cache_position=torch.arange(ctx, device=device),
+        )
+        ids = torch.full((rows, width), 7, device=device)
+        positions = torch.arange(ctx, ctx + width, device=device)
+
+        def step():
+            return model(ids, past_key_values=cache, cache_position=positions)
+
+        out = {"eager, static cache": _median_ms(step, repeat)}
+        if device.startswith("cuda"):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            out["CUDA graph replay"] = _median_ms(graph.replay, repeat)
+    return out
+
+
+def graphs(device: str, quick: bool) -> dict:
+    """What the launches cost: transformers' forward with a static KV cache, run eagerly and
+    captured once in a CUDA graph then replayed, random Qwen2.5-Coder 1.5B and 0.5B shapes, bf16,
+    context 256, with the catalog's roofline price beside (its efficiencies assume a tuned engine:
+    does a graphed forward reach them?)."""
+    from cluster.planning.catalog import load_catalog
+    from cluster.planning.costs import RooflineCosts
+
+    catalog = load_catalog()
+    gpu = "H200-SXM" if "H200" in torch.cuda.get_device_name(0) else "H100-SXM"
+    out: dict = {"catalog device": gpu, "context": 256, "models": {}}
+    for size in ("1.5b", "0.5b"):
+        shape = catalog.model(f"qwen2.5-coder-{size}-instruct")
+        costs = RooflineCosts(shape, catalog.device(gpu), 1, None, None, catalog)
+        model = invariance._load(f"random:qwen2.5-{size}", "bfloat16", device)
+        rows_out = out["models"][shape.name] = {}
+        for case, (rows, width) in GRAPH_CASES.items():
+            try:
+                row = _graph_case(model, device, rows, width, 256, 5 if quick else 20)
+            except Exception as exc:  # noqa: BLE001 - one case's failure must not hide the others'
+                row = {"error": f"{exc!r}"[:500]}
+            row["roofline"] = round(costs.verify_s(rows, width, 256) * 1e3, 3)
+            rows_out[case] = row
+            torch.cuda.empty_cache()
+        del model
+    return out
+
+
+def bmm_blocks(device: str, quick: bool) -> dict:
+    """Can one batched GEMM replace the invariant forward's loop over 64-row blocks (32 launches a
+    weight for a 2048-token prefill)? For the Qwen2.5-1.5B projections in bf16: is block 0 of
+    ``torch.bmm`` over n blocks (the weight expanded, stride 0) bitwise the same for every n, and
+    the same as the 64-row GEMM the runner uses now; and the median ms of the three ways at 2048 rows."""
+
+    shapes = invariance.LINEAR_SHAPES  # the lm_head prefills no logits: left out
+    gen = torch.Generator().manual_seed(0)
+    block, out = 64, {}
+    for name, (n, k) in shapes.items():
+        if not name.startswith("qwen"):
+            continue
+        w = (torch.randn(n, k, generator=gen) * 0.05).to(device, torch.bfloat16)
+        x = torch.randn(2048, k, generator=gen).to(device, torch.bfloat16)
+        gemm = F.linear(x[:block], w)
+
+        def bmm(rows: int, w=w, x=x, k=k):
+            blocks = rows // block
+            return torch.bmm(x[:rows].view(blocks, block, k), w.t().expand(blocks, k, w.shape[0]))
+
+        firsts = {nb: bmm(nb * block)[0] for nb in (1, 2, 3, 4, 8, 16, 32)}
+        row = {
+            "bmm block 0 the same for every n": all(torch.equal(v, firsts[1]) for v in firsts.values()),
+            "bmm equals the 64-row GEMM": torch.equal(firsts[1], gemm),
+            "bmm every block equals its own 64-row GEMM": all(
+                torch.equal(b, F.linear(x[i * block : (i + 1) * block], w)) for i, b in enumerate(bmm(2048))
+            ),
+        }
+        ways = {
+            "loop of 64-row GEMMs": lambda w=w, x=x: torch.cat([F.linear(b, w) for b in x.split(block)]),
+            "one bmm": lambda: bmm(2048),
+            "one GEMM (not invariant)": lambda w=w, x=x: F.linear(x, w),
+        }
+        for way, call in ways.items():
+            row[f"{way}, ms"] = _median_ms(call, 5 if quick else 20, digits=3)
+        out[name] = row
+    return out
