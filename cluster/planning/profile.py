@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,10 @@ class Grid:
     tokens: list[int]
     ms: list[list[float]]  # ms[i][j]: batch[i] rows of tokens[j] tokens
     context: int = 0
+    # The runner's invariant forward runs its weight GEMMs over blocks of exactly this many rows
+    # (ModelRunner.gemm_block), so its time steps up by a block's GEMMs at each multiple: priced by
+    # blocks (`_at_rows`), not by a line between cells that ran different block counts.
+    row_block: int | None = None
 
     def __post_init__(self) -> None:
         if not self.batch or not self.tokens or len(self.ms) != len(self.batch):
@@ -56,8 +61,30 @@ class Grid:
             raise ProfileError("forward grid sizes must be increasing")
 
     def at(self, batch: float, tokens: float) -> float:
-        rows = [interp(self.tokens, row, tokens) for row in self.ms]
-        return interp(self.batch, rows, batch)
+        if self.row_block:
+            by_batch = [self._at_rows(b, row, batch * tokens) for b, row in zip(self.batch, self.ms)]
+        else:
+            by_batch = [interp(self.tokens, row, tokens) for row in self.ms]
+        return interp(self.batch, by_batch, batch)
+
+    def _at_rows(self, b: int, row: list[float], rows: float) -> float:
+        """Grid row ``b``'s time for a forward of ``rows`` rows in all: between its cells of the same
+        block count, a line by rows (attention, the logits); across block counts, a line by blocks
+        through each count's mean."""
+        size = self.row_block
+        assert size
+        blocks = max(1, math.ceil(rows / size - 1e-9))
+        cells = [(b * n, ms) for n, ms in zip(self.tokens, row)]
+        same = [(r, ms) for r, ms in cells if math.ceil(r / size) == blocks]
+        if len(same) > 1:
+            return interp([r for r, _ in same], [ms for _, ms in same], rows)
+        if same:
+            return same[0][1]
+        by_count: dict[int, list[float]] = {}
+        for r, ms in cells:
+            by_count.setdefault(math.ceil(r / size), []).append(ms)
+        counts = sorted(by_count)
+        return interp(counts, [sum(by_count[c]) / len(by_count[c]) for c in counts], blocks)
 
 
 @dataclass

@@ -199,7 +199,8 @@ def _grid(runner, opts: ProfileOptions, sizes: tuple[int, ...], budget: _Budget,
         return None
     batches = list(held)
     rows = monotone_grid([_cell_medians(samples, [(b, n) for n in sizes]) for b in batches])
-    return Grid(batches, list(sizes), [[round(v, 3) for v in r] for r in rows], opts.context)
+    block = runner.gemm_block if runner.invariant_numerics else None
+    return Grid(batches, list(sizes), [[round(v, 3) for v in r] for r in rows], opts.context, block)
 
 
 def _prefill_curve(runner, opts: ProfileOptions, budget: _Budget, what: str) -> Curve | None:

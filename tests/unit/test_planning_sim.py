@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 
 import pytest
@@ -89,6 +90,25 @@ def test_grid_interpolates_and_never_extrapolates_below_the_largest_measured():
     assert g.at(2.5, 4.5) == pytest.approx(37.5)
     assert g.at(8, 8) == pytest.approx(160.0)  # linear past the grid
     assert Curve([10, 20], [5.0, 5.0]).at(1000) == 5.0 and Curve([10], [5.0]).at(0) == 0.0
+
+
+def test_a_grid_of_a_blocked_forward_prices_by_blocks():
+    # A runner whose weight GEMMs run in blocks of 16 rows (the invariant forward on CUDA and on an
+    # AMX CPU): each block costs a pass over the weights, plus a little per row. A line between the
+    # cells steps over the blocks: at 4 rows of 5 tokens (2 blocks) it gives the 1-block price.
+    def forward_ms(b, n):
+        return 200.0 * math.ceil(b * n / 16) + 2.0 * b * n
+
+    batches, tokens = [1, 2, 4, 8, 16], [1, 2, 4, 8, 13]
+    cells = [[forward_ms(b, n) for n in tokens] for b in batches]
+    blocked, plain = Grid(batches, tokens, cells, row_block=16), Grid(batches, tokens, cells)
+    queries = [(b, n) for b in (1, 2, 3, 4, 6, 8, 12, 16) for n in (1, 2, 3, 5, 7, 9, 13)]
+    worst = max(abs(blocked.at(b, n) / forward_ms(b, n) - 1) for b, n in queries)
+    assert worst < 0.1, worst
+    assert blocked.at(16, 5) == pytest.approx(forward_ms(16, 5))  # 5 blocks: between the 4- and 8-block cells
+    assert abs(plain.at(4, 5) / forward_ms(4, 5) - 1) > 0.3
+    profile = dataclasses.replace(make_profile(), target_forward=blocked)
+    assert Profile.from_dict(profile.to_dict()).target_forward.row_block == 16
 
 
 def test_acceptance_model_recovers_an_iid_rate():
