@@ -11,6 +11,7 @@ computed by the bench's own ``summarize``.
 from __future__ import annotations
 
 import copy
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +116,7 @@ def predict_bench(
                     "utilization": _mean([r.utilization for r in runs]),
                     "mean_batch": round(sum(r.mean_batch for r in runs) / draws, 3),
                     "draws": draws,
+                    "spread": _spread([r.summary for r in runs]),
                 }
             )
     return {"profile": {"device": profile.device, "target": profile.target, "draft": profile.draft}, "results": results}
@@ -138,6 +140,22 @@ def _mean(dicts: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = round(sum(numbers) / len(numbers), 4)
         else:
             out[key] = value
+    return out
+
+
+def _spread(summaries: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each compared metric's 10th and 90th percentile over the draws. With a few requests a
+    percentile of the run is one request's, and the draws split by which request that is (a TPOT
+    p50 at a saturating rate was 140-199 ms in 12 draws of 20 and 250-390 ms in 8): the mean of
+    the draws can sit between the modes, where no run lands, so the band says how far one run may
+    fall from it."""
+    out: dict[str, list[float]] = {}
+    for key, _ in _METRICS:
+        values = [s[key] for s in summaries if isinstance(s.get(key), int | float)]
+        if len(values) == len(summaries) and len(values) > 1:
+            deciles = statistics.quantiles(values, n=10, method="inclusive")
+            if deciles[-1] > deciles[0]:  # the draws differ in acceptance only: OFF's never move
+                out[key] = [round(deciles[0], 4), round(deciles[-1], 4)]
     return out
 
 
@@ -178,6 +196,10 @@ def compare(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[st
         for key, _ in _METRICS:
             p, v = r["summary"].get(key), m.get(key)
             row[key] = {"predicted": p, "measured": v, "error": round(p / v - 1.0, 4) if p and v else None}
+            band = r.get("spread", {}).get(key)
+            if band and v is not None:
+                row[key]["draws_p10_p90"] = band
+                row[key]["within_draws"] = band[0] <= v <= band[1]
         rows.append(row)
     return rows
 
@@ -190,8 +212,14 @@ def format_comparison(rows: list[dict[str, Any]]) -> str:
         p, m, e = c["predicted"], c["measured"], c["error"]
         if p is None or m is None:
             return "-"
-        return f"{p:.4g} / {m:.4g} ({e:+.0%})" if e is not None else f"{p:.4g} / {m:.4g}"
+        text = f"{p:.4g} / {m:.4g} ({e:+.0%})" if e is not None else f"{p:.4g} / {m:.4g}"
+        if "draws_p10_p90" in c:  # the draws' 10-90 % band; "!" where the measured run fell outside it
+            lo, hi = c["draws_p10_p90"]
+            text += f" [{lo:.4g}-{hi:.4g}{'' if c['within_draws'] else ' !'}]"
+        return text
 
     for r in rows:
         lines.append(" | ".join([r["scenario"], r["mode"]] + [cell(r[k]) for k, _ in _METRICS]))
+    if any("draws_p10_p90" in r[k] for r in rows for k, _ in _METRICS):
+        lines.append("[lo-hi]: the draws' 10th to 90th percentile (acceptance drawn anew); '!': the run fell outside")
     return "\n".join(lines)

@@ -13,6 +13,8 @@ from cluster.planning.costs import ProfileCosts
 from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, RequestRounds
 from cluster.planning.profiler import ProfileOptions, take_profile
 from specdec.cli.main import main
+from specdec.core.models import load_model
+from specdec.core.runner import ModelRunner
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def tiny_profile(tiny_paths, prompts_file) -> Profile:
     return take_profile(str(tiny_paths["llama"]), str(tiny_paths["llama-draft"]), opts)
 
 
-def test_profile_measures_every_part_and_says_where_it_came_from(tiny_profile, tmp_path):
+def test_profile_measures_every_part_and_says_where_it_came_from(tiny_profile, tiny_paths, tmp_path):
     p = tiny_profile
     assert not p.skipped and p.elapsed_s > 0 and p.created
     assert p.machine["cores"] >= 1 and p.machine["torch"] and p.device.startswith("cpu")
@@ -60,6 +62,10 @@ def test_profile_measures_every_part_and_says_where_it_came_from(tiny_profile, t
         assert all(r.output_tokens == 12 and r.rounds for r in stats.requests)
         assert sum(d for r in stats.requests for _, d, _, _ in r.rounds) > 0
     assert p.drafters["draft"].draft_ms_per_token > 0
+    # the target's grid is priced by the GEMM blocks its runner runs (None where the BLAS keeps the
+    # padding rule: attention.py); a drafter's forward is not the invariant one (build.py)
+    runner = ModelRunner(load_model(str(tiny_paths["llama"]), dtype="float32").model, 1, 32)
+    assert p.target_forward.row_block == runner.gemm_block and p.draft_forward.row_block is None
     assert Profile.load(p.save(tmp_path / "p.json")).to_dict() == p.to_dict()
 
 
@@ -288,7 +294,7 @@ def test_a_short_budget_gives_a_coarse_profile_of_every_part(tiny_paths, prompts
 
 def test_a_prediction_over_several_draws_is_the_mean_of_the_single_draws(tiny_profile):
     from cluster.config import PoolConfig, ServeConfig
-    from cluster.planning.predict import Scenario, predict_bench
+    from cluster.planning.predict import Scenario, compare, format_comparison, predict_bench
     from router.config import RouterConfig
 
     worker = {"model": "tiny", "dtype": "float32", "num_slots": 4, "max_len": 256, "threads": 1}
@@ -296,12 +302,22 @@ def test_a_prediction_over_several_draws_is_the_mean_of_the_single_draws(tiny_pr
 
     def run(seed: int, draws: int) -> dict:
         # closed loop: only the acceptance depends on the seed, not the arrivals
-        pred = predict_bench(tiny_profile, serve, [Scenario("closed", 2)], 6, 12, ("auto",), seed, draws=draws)
-        return pred["results"][0]["summary"]
+        return predict_bench(tiny_profile, serve, [Scenario("closed", 2)], 6, 12, ("auto",), seed, draws=draws)
 
-    single = [run(seed, 1) for seed in range(3)]
-    mean = run(0, 3)
+    single = [run(seed, 1)["results"][0]["summary"] for seed in range(3)]
+    pred = run(0, 3)
+    mean = pred["results"][0]["summary"]
     for key in ("k_mean", "tau", "tpot_ms_p50", "throughput_tok_s"):
         assert mean[key] == pytest.approx(sum(s[key] for s in single) / 3, abs=1e-3), key
     assert len({s["k_mean"] for s in single}) > 1  # the draws differ: the mean is not one of them
     assert mean["split"]["rounds"] == pytest.approx(sum(s["split"]["rounds"] for s in single) / 3)
+    # beside the mean, the draws' 10-90 % band; a run outside it is marked in the comparison
+    lo, hi = pred["results"][0]["spread"]["k_mean"]
+    ks = sorted(s["k_mean"] for s in single)
+    assert ks[0] <= lo < hi <= ks[-1]
+    inside, outside = dict(single[0], k_mean=(lo + hi) / 2), dict(single[0], k_mean=hi * 1.5)
+    rows = [compare(pred, {"results": [{"scenario": "closed c=2", "mode": "auto", "summary": m}]})[0]
+            for m in (inside, outside)]  # fmt: skip
+    assert [r["k_mean"]["within_draws"] for r in rows] == [True, False]
+    band = f"[{lo:.4g}-{hi:.4g}"
+    assert f"{band} !]" in format_comparison(rows[1:]) and f"{band}]" in format_comparison(rows[:1])
