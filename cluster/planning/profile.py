@@ -173,7 +173,9 @@ class Overhead:
     rows, fitted to its timed Proposes where they cover a range of rows; when set it prices the
     draft's Propose in place of the profile's grid (timed on the draft's own continuations, whose
     prompt-lookup guesses hit otherwise than on the target's text: its shape in rows and steps was
-    off by 15-25 % at 1.5-2.6 rows on the float32 Qwen pair, bench/NOTES.md).
+    off by 15-25 % at 1.5-2.6 rows on the float32 Qwen pair, bench/NOTES.md). ``draft_step_rows``:
+    the most rows the line saw; past them the grid's growth in rows carries it on (a line through
+    1-2.7 rows priced a step of 8 rows at 138 ms where the service took 87: bf16 Qwen pair, NOTES).
     ``draft_prefill_scale``: the draft's prefill work over the profile's curve, set so that the
     simulated drafter's Prefills take as long per token as the service's did (its contention with
     the target included, which the simulated shared device adds itself:
@@ -190,6 +192,7 @@ class Overhead:
     draft_scale: float = 1.0
     draft_scale_by_batch: list[list[float]] = field(default_factory=list)
     draft_step_ms: list[float] = field(default_factory=list)
+    draft_step_rows: float = 0.0  # 0: no bound (profiles calibrated before it was kept)
     draft_prefill_scale: float = 1.0
     source: str = "default (not measured)"
 
@@ -208,6 +211,9 @@ class Overhead:
         profile's Propose ``grid`` times the scale at that batch; None with neither."""
         if self.draft_step_ms:
             fixed, per_row = self.draft_step_ms
+            edge = self.draft_step_rows
+            if grid is not None and edge and batch > edge:
+                return k * (fixed + per_row * edge) * grid.at(batch, k) / grid.at(edge, k)
             return k * (fixed + per_row * batch)
         return grid.at(batch, k) * self.draft_scale_at(batch) if grid is not None else None
 

@@ -175,6 +175,7 @@ def _profile_summary(p) -> str:
         f"prefill x {o.prefill_scale:.2f}, draft Propose "
         + (
             f"{o.draft_step_ms[0]:.1f} + {o.draft_step_ms[1]:.1f} ms x rows per step"
+            + (f" up to {o.draft_step_rows:.2g} rows, then as the grid grows" if o.draft_step_rows else "")
             if o.draft_step_ms
             else f"x {o.draft_scale:.2f}"
         )

@@ -232,7 +232,14 @@ def test_the_services_propose_per_step_is_a_line_in_the_rows_where_its_scenarios
     fixed, per_row = o.draft_step_ms
     assert fixed == pytest.approx(141.0, abs=1.0) and per_row == pytest.approx(35.1, abs=0.5)
     profile.overhead = o
-    assert ProfileCosts(profile, "draft").draft_s(3, 6, 168) == pytest.approx(6 * (fixed + 3 * per_row) / 1e3)
+    costs = ProfileCosts(profile, "draft")
+    assert costs.draft_s(2, 6, 168) == pytest.approx(6 * (fixed + 2 * per_row) / 1e3)
+    # past the rows it saw, the line grows as the profile's grid does (bf16 Qwen pair: a line through
+    # 1-2.7 rows priced a step of 8 rows at 138 ms, the service took 87)
+    edge = o.draft_step_rows
+    assert edge == 2.538
+    past = 6 * (fixed + edge * per_row) * propose.at(8, 6) / propose.at(edge, 6) / 1e3
+    assert costs.draft_s(8, 6, 168) == pytest.approx(past) and past < 6 * (fixed + 8 * per_row) / 1e3
     # rows that do not span a row (c=8 and c=16: 6.0 and 6.4): no line, the grid scaled
     close = overhead_from_bench({"results": [scenario(6.0, 4.75, 1659.0), scenario(6.38, 5.0, 1563.0)]}, profile)
     assert close.draft_step_ms == [] and close.draft_scale != 1.0
