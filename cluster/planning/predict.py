@@ -145,10 +145,9 @@ def _mean(dicts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _spread(summaries: list[dict[str, Any]]) -> dict[str, list[float]]:
     """Each compared metric's 10th and 90th percentile over the draws. With a few requests a
-    percentile of the run is one request's, and the draws split by which request that is (a TPOT
-    p50 at a saturating rate was 140-199 ms in 12 draws of 20 and 250-390 ms in 8): the mean of
-    the draws can sit between the modes, where no run lands, so the band says how far one run may
-    fall from it."""
+    percentile of the run is one request's, and the draws split by which request that is (two
+    groups of TPOT p50 at a saturating rate: bench/NOTES.md, ninth session): their mean can sit
+    between the groups, where no run lands, so the band says how far one run may fall from it."""
     out: dict[str, list[float]] = {}
     for key, _ in _METRICS:
         values = [s[key] for s in summaries if isinstance(s.get(key), int | float)]

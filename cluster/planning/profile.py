@@ -175,7 +175,7 @@ class Overhead:
     prompt-lookup guesses hit otherwise than on the target's text: its shape in rows and steps was
     off by 15-25 % at 1.5-2.6 rows on the float32 Qwen pair, bench/NOTES.md). ``draft_step_rows``:
     the most rows the line saw; past them the grid's growth in rows carries it on (a line through
-    1-2.7 rows priced a step of 8 rows at 138 ms where the service took 87: bf16 Qwen pair, NOTES).
+    1-2.7 rows priced a step of 8 rows 1.4-1.6x what the service took: bench/NOTES.md, ninth session).
     ``draft_prefill_scale``: the draft's prefill work over the profile's curve, set so that the
     simulated drafter's Prefills take as long per token as the service's did (its contention with
     the target included, which the simulated shared device adds itself:
