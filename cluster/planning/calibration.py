@@ -125,11 +125,12 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     fixed, per_row = line if line is not None and line[0] >= 0 and line[1] >= 0 else (0.0, 0.0)
     if per_row == 0.0:
         fixed = sum(t for _, t in points) / len(points)
+    step_line = _draft_step_line(draft_steps)
     drafts = Overhead(
         draft_scale=round(statistics.median(draft_scales), 3) if draft_scales else 1.0,
         draft_scale_by_batch=_medians(draft_by_rows),
-        draft_step_ms=_draft_step_line(draft_steps),
-        draft_step_rows=round(max(r for r, _ in draft_steps), 3) if draft_steps else 0.0,
+        draft_step_ms=step_line,
+        draft_step_rows=round(max(r for r, _ in draft_steps), 3) if step_line else 0.0,
     )
     if draft_rpc:  # measured
         drpc = [sum(draft_rpc) / len(draft_rpc)]
@@ -151,6 +152,6 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
         draft_scale=drafts.draft_scale,
         draft_scale_by_batch=drafts.draft_scale_by_batch,
         draft_step_ms=drafts.draft_step_ms,
-        draft_step_rows=drafts.draft_step_rows if drafts.draft_step_ms else 0.0,
+        draft_step_rows=drafts.draft_step_rows,
         source=f"bench serve result ({len(points)} scenarios)",
     )
