@@ -347,6 +347,7 @@ class TargetScheduler:
         t1 = time.monotonic()
         outcomes, compute = await self.link.verify(items)
         t2 = time.monotonic()
+        self.balance.log_round(batch, ks, [len(d.tokens) for d in drafts], draft_wait, t2 - t1)
         if not any(isinstance(o, BaseException) for o in outcomes):
             dt = t2 - t1
             self.drafting.observe_verify(dt)

@@ -61,6 +61,22 @@ class TargetBalance:
             acc, rej = self.pool
             self.pool = (0.997 * acc + accepted, 0.997 * rej + (1.0 if accepted < drafted else 0.0))
 
+    def log_round(
+        self, batch: list[Job], ks: list[int], drafted: list[int], draft_wait: float, verify_s: float
+    ) -> None:
+        """One round at DEBUG: each request as p<prompt tokens>@<tokens generated>:k<asked>/d<drafted>,
+        the cost meter's c and r, the draft wait and the verify. The simulator logs its rounds here
+        too, so a service's trace and a simulation's compare line by line."""
+        if log.isEnabledFor(logging.DEBUG):
+            rows = " ".join(
+                f"p{len(j.state.prompt_ids)}@{len(j.state.generated)}:k{k}/d{d}" for j, k, d in zip(batch, ks, drafted)
+            )
+            c = self.s.cost
+            log.debug(
+                "round on %s: %s; c %.3f r %.3f; draft wait %.0f ms, verify %.0f ms",
+                self.s.target.name, rows, c.c, c.r, 1e3 * draft_wait, 1e3 * verify_s,
+            )  # fmt: skip
+
     def prefill_budget(self, batch: list[Job]) -> int:
         """The token budget of a round of ``batch`` for verify rows and prompt chunks
         (prefill_plan.round_budget), by the tokens per round its decoding requests committed so

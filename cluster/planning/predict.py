@@ -1,7 +1,8 @@
 """A `specdec bench serve` run predicted from a profile, and put next to a measured one.
 
 The prediction replays what the bench does: the profile's prompts in order (request i is prompt
-i mod n, with that prompt's own output length and acceptance), the bench's Poisson arrivals (the
+i mod n, with that prompt's own output length and acceptance; the draft model's rounds replayed
+from the prompt's greedy path where the profile has it), the bench's Poisson arrivals (the
 same generator and seed) or its closed loop, every scenario once per mode, on the service the
 serve config describes (its router config, worker slots; on one CPU machine the draft and the
 target worker share the cores: their calls share the device while both run). The summaries have the bench's fields,
@@ -17,6 +18,7 @@ from typing import Any
 
 from cluster.config import ServeConfig
 from cluster.planning.costs import ProfileCosts
+from cluster.planning.greedy_path import GreedyPath
 from cluster.planning.policies import RouterPolicy
 from cluster.planning.profile import Profile, ProfileError
 from cluster.planning.simulator import Deployment, SimResult, simulate
@@ -49,6 +51,9 @@ def bench_requests(profile: Profile, n: int, max_tokens: int, arrivals: list[flo
         stopped = req.finish_reason == "stop" or req.output_tokens < prof_max
         output = min(max_tokens, req.output_tokens) if stopped else max_tokens
         acc = {name: models[i % len(models)] for name, models in pools.items() if models}
+        paths = profile.drafters["draft"].requests if "draft" in acc else []
+        if paths and paths[i % len(paths)].agree:  # the bench decodes greedily: its drafts follow the path
+            acc["draft"] = GreedyPath(paths[i % len(paths)].agree, acc["draft"])
         out.append(SimRequestSpec(arrivals[i], req.prompt_tokens, max(1, output), acc, f"{req.id}#{i}"))
     return out
 
@@ -80,17 +85,32 @@ def predict_bench(
     seed: int = 0,
     colocated: bool = True,
     draws: int = 1,
+    after: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What `specdec bench serve` would report: {"results": [{scenario, kind, x, mode, summary, sim}]}.
     The runs go in the bench's order through one router (its learned state carried over: the
     verify cost line, the pooled acceptance, the drafters' measured waits), as the service's.
     ``draws`` > 1: each run simulated that many times, the acceptance drawn with seeds ``seed``,
     ``seed`` + 1, ... (the arrivals stay the bench's, from ``seed``), and the numbers averaged:
-    with a few requests, one draw's k or tau moves by tens of percent."""
+    with a few requests, one draw's k or tau moves by tens of percent. ``after``: a `specdec bench
+    serve` result the same service ran just before (the protocol's calibration run): its runs are
+    simulated first and not reported, so the router starts from what that run taught the
+    service's, not from a fresh router's priors."""
     if draws < 1:
         raise WorkloadError(f"draws must be at least 1 (got {draws})")
-    results = []
     memory = None
+    if after is not None:
+        past, opts = scenarios_of(after)
+        past_modes = tuple(opts.get("modes") or modes)
+        args = (opts.get("requests") or requests, opts.get("max_tokens", max_tokens), past_modes, opts.get("seed", 0))
+        _, memory = _runs(profile, serve, past, *args, colocated, 1, None)
+    results, _ = _runs(profile, serve, scenarios, requests, max_tokens, modes, seed, colocated, draws, memory)
+    return {"profile": {"device": profile.device, "target": profile.target, "draft": profile.draft}, "results": results}
+
+
+def _runs(profile, serve, scenarios, requests, max_tokens, modes, seed, colocated, draws, memory):
+    """predict_bench's runs, from the router ``memory`` given; (results, the memory after them)."""
+    results = []
     for sc in scenarios:
         for mode in modes:
             if sc.kind == "poisson":
@@ -119,7 +139,7 @@ def predict_bench(
                     "spread": _spread([r.summary for r in runs]),
                 }
             )
-    return {"profile": {"device": profile.device, "target": profile.target, "draft": profile.draft}, "results": results}
+    return results, memory
 
 
 def _mean(dicts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -115,6 +115,9 @@ class RequestRounds:
     # draft often fails at its first token (an n-gram from the prompt's tail), which the adaptive k
     # starts from, so the simulator draws it apart from the later rounds
     first: list[int] = field(default_factory=list)
+    # per output position, how many output tokens from there the greedy draft model drafts in a row
+    # (cluster/planning/greedy_path.py); [] for the n-gram drafter and older profiles
+    agree: list[int] = field(default_factory=list)
 
 
 def merge_rounds(row_lists: list[list[list[int]]]) -> list[list[int]]:

@@ -5,7 +5,8 @@ profile's ``skipped``): the target's forward by (batch, tokens per row) and its 
 length; the same for the draft model built as the draft worker builds it (int8, vocabulary subset,
 lookup guesses); then the acceptance run: each prompt through the single-process engine at batch 1
 with the router's k policy, once per drafter (the draft model, the n-gram drafter), recording
-every round's k, drafted and accepted tokens and the drafting time. Router and RPC overheads come
+every round's k, drafted and accepted tokens and the drafting time, and for the draft model how
+far it agrees with the target's greedy output from each position (`greedy_path.py`). Router and RPC overheads come
 from a `specdec bench serve` result (:func:`cluster.planning.calibration.overhead_from_bench`), or
 stay at their defaults.
 A part's cells are timed in interleaved passes and made monotone (:func:`_passes`,
@@ -26,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cluster.planning.calibration import least_squares_line
+from cluster.planning.greedy_path import draft_agreement
 from cluster.planning.monotone import isotonic, monotone_grid
 from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, RequestRounds
 from specdec.bench.runner import median_ms
@@ -331,6 +333,7 @@ def _acceptance(engine_factory, name: str, prompts, tokenizer, opts: ProfileOpti
                     timing.append((k, dt * 1e3))
                 first = False
         res = engine.result(rid)
+        agree = draft_agreement(recorder.inner, ids, list(res.token_ids)) if name == "draft" else []
         requests.append(
             RequestRounds(
                 id=prompt.id,
@@ -339,6 +342,7 @@ def _acceptance(engine_factory, name: str, prompts, tokenizer, opts: ProfileOpti
                 finish_reason=res.finish_reason,
                 rounds=[[k, d, a, n] for (k, d, a), n in sorted(rounds.items())],
                 first=first_round,
+                agree=agree,
             )
         )
         last = time.monotonic() - t0

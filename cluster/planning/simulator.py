@@ -320,6 +320,7 @@ class _Sim:
         end = call.end
         dt = end - t1
         g.verify_ema = dt if g.verify_ema is None else 0.8 * g.verify_ema + 0.2 * dt
+        g.balance.log_round(batch, ks, drafted, draft_wait, dt)
         steps = max((d for j, d in zip(batch, drafted) if j.spec == "draft"), default=0)
         if not prefills:  # the worker's compute, as the scheduler reads it
             g.cost.update(draft_wait, steps, end - call.start, sum(d + 1 for d in drafted))
@@ -353,11 +354,12 @@ class _Sim:
 
     def sample(self, j: Job, k: int) -> int:
         """Draft ``k`` tokens for ``j``: how many the drafter proposes, how many the target accepts
-        (its first round from the model's first-round part, where the profile has one)."""
+        (its first round from the model's first-round part, where the profile has one; a greedy
+        path's from where the request stands)."""
         model = j.spec_in.acceptance["draft" if j.spec == "draft" else "ngram"]
         if model.first is not None and not j.state.generated:
             model = model.first
-        j.outcome = model.sample(k, self.rng)
+        j.outcome = model.sample(k, self.rng, len(j.state.generated))
         return j.outcome[0]
 
     def _commit(self, g: Group, j: Job, k: int) -> None:

@@ -72,9 +72,10 @@ class AcceptanceModel:
     def at(values: list[float], j: int) -> float:
         return values[min(j, len(values) - 1)]
 
-    def sample(self, k: int, rng: random.Random) -> tuple[int, int, bool]:
+    def sample(self, k: int, rng: random.Random, position: int = 0) -> tuple[int, int, bool]:
         """(tokens drafted, tokens accepted, whether the drafter's next token would match the
-        target's bonus token too: a pre-draft on the all-accepted guess is then usable)."""
+        target's bonus token too: a pre-draft on the all-accepted guess is then usable). Drawn
+        alike at every output ``position`` (a greedy path's is not: greedy_path.py)."""
         drafted = 0
         while drafted < k and rng.random() < self.at(self.draft_p, drafted):
             drafted += 1

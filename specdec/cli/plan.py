@@ -201,6 +201,7 @@ def _simulate(args: argparse.Namespace) -> int:
         _note_thin(profile)
         serve = load_config(args.config)
         measured = json.loads(Path(args.compare).read_text()) if args.compare else None
+        after = json.loads(Path(args.after).read_text()) if args.after else None
     except (OSError, ValueError) as exc:
         _err(str(exc))
         return USAGE
@@ -217,7 +218,7 @@ def _simulate(args: argparse.Namespace) -> int:
         return USAGE
     try:
         pred = predict_bench(
-            profile, serve, scenarios, requests, max_tokens, modes, seed, not args.separate_devices, args.draws
+            profile, serve, scenarios, requests, max_tokens, modes, seed, not args.separate_devices, args.draws, after
         )
     except (ProfileError, WorkloadError) as exc:
         _err(str(exc))
@@ -357,6 +358,13 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", required=True)
     p.add_argument("--config", default=None, help="the service's config (default configs/default.yaml)")
     p.add_argument("--compare", default=None, help="a `specdec bench serve --json` result: its scenarios, side by side")
+    p.add_argument(
+        "--after",
+        default=None,
+        metavar="BENCH_JSON",
+        help="a `specdec bench serve --json` result the same service ran just before: simulated first, unreported,"
+        " so the router starts with what that run taught the service's",
+    )
     p.add_argument("--rate", type=_floats, default=(), metavar="R1,R2,...", help="Poisson arrival rates (requests/s)")
     p.add_argument("--concurrency", type=_ints, default=(), metavar="C1,C2,...", help="closed-loop clients")
     p.add_argument("--requests", type=int, default=8)

@@ -62,6 +62,9 @@ def test_profile_measures_every_part_and_says_where_it_came_from(tiny_profile, t
         assert all(r.output_tokens == 12 and r.rounds for r in stats.requests)
         assert sum(d for r in stats.requests for _, d, _, _ in r.rounds) > 0
     assert p.drafters["draft"].draft_ms_per_token > 0
+    # the draft model's greedy path, one agreement per output token (greedy_path.py); none for n-grams
+    assert all(len(r.agree) == r.output_tokens for r in p.drafters["draft"].requests)
+    assert any(max(r.agree) > 0 for r in p.drafters["draft"].requests) and not p.drafters["ngram"].requests[0].agree
     # the target's grid is priced by the GEMM blocks its runner runs (None where the BLAS keeps the
     # padding rule: attention.py); a drafter's forward is not the invariant one (build.py)
     runner = ModelRunner(load_model(str(tiny_paths["llama"]), dtype="float32").model, 1, 32)
@@ -328,3 +331,21 @@ def test_a_prediction_over_several_draws_is_the_mean_of_the_single_draws(tiny_pr
     assert [r["k_mean"]["within_draws"] for r in rows] == [True, False]
     band = f"[{lo:.4g}-{hi:.4g}"
     assert f"{band} !]" in format_comparison(rows[1:]) and f"{band}]" in format_comparison(rows[:1])
+
+
+def test_a_prediction_after_a_run_starts_from_the_router_that_run_left(tiny_profile):
+    from cluster.config import PoolConfig, ServeConfig
+    from cluster.planning.predict import Scenario, predict_bench
+    from router.config import RouterConfig
+
+    worker = {"model": "tiny", "dtype": "float32", "num_slots": 4, "max_len": 256, "threads": 1}
+    pools = PoolConfig.from_dict(worker, "target"), PoolConfig.from_dict(worker | {"model": "tiny-draft"}, "draft")
+    serve = ServeConfig(*pools, RouterConfig(default_mode="draft"))  # model drafts: priced by what the router measured
+    first, then = [Scenario("closed", 2)], [Scenario("poisson", 2.0)]
+    both = predict_bench(tiny_profile, serve, first + then, 6, 12, ("auto",), seed=3)["results"]
+    # the earlier run as `specdec bench serve --json` writes it: its scenarios and options
+    before = {"options": {"requests": 6, "max_tokens": 12, "modes": ["auto"], "seed": 3}, "results": both[:1]}
+    after = predict_bench(tiny_profile, serve, then, 6, 12, ("auto",), seed=3, after=before)["results"]
+    fresh = predict_bench(tiny_profile, serve, then, 6, 12, ("auto",), seed=3)["results"]
+    assert after[0]["summary"] == both[1]["summary"]
+    assert fresh[0]["summary"] != after[0]["summary"]  # a fresh router has learned nothing yet

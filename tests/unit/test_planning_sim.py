@@ -402,3 +402,18 @@ def test_the_rebalancer_does_not_lose_to_static_pairing_with_a_drafter_on_each_t
     assert on.rebalance_actions.get("draft_move", 0) <= len(reqs) / 4
     assert on.summary["tpot_ms_p50"] <= 1.1 * static.summary["tpot_ms_p50"]
     assert on.summary["k_mean"] >= 0.8 * static.summary["k_mean"]
+
+
+def test_a_greedy_path_replays_the_same_rounds_in_every_draw():
+    from cluster.planning.greedy_path import GreedyPath
+
+    # from every 4th position the drafter agrees for 3 tokens: a round of k >= 3 accepts those 3
+    agree = [3 - p % 4 for p in range(32)]
+    specs = lambda: [SimRequestSpec(0.0, 16, 32, {"draft": GreedyPath(agree, AcceptanceModel.iid(0.5))}, "r0")]  # noqa: E731
+    dep = deployment(k_policy=KPolicy(k=4))
+    runs = [simulate(dep, specs(), seed=s).summary for s in range(3)]
+    assert all(r == runs[0] for r in runs)
+    # 8 rounds of 3 accepted + 1; the last asks 3 (the 32nd token is the target's own)
+    assert runs[0]["tau"] == pytest.approx(4.0) and runs[0]["k_mean"] == pytest.approx(31 / 8)
+    drawn = [simulate(dep, requests(1, 0.75), seed=s).summary["tau"] for s in range(3)]
+    assert len(set(drawn)) > 1  # the acceptance model's rounds are drawn anew each time
