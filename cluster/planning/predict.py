@@ -58,7 +58,7 @@ def bench_requests(profile: Profile, n: int, max_tokens: int, arrivals: list[flo
     return out
 
 
-def _deployment(profile: Profile, serve: ServeConfig, mode: str, colocated: bool) -> Deployment:
+def _deployment(profile: Profile, serve: ServeConfig, mode: str, colocated: bool, jitter: float = 0.0) -> Deployment:
     draft = serve.draft
     model_draft = draft is not None and draft.worker.model != "ngram"
     drafter = "draft" if model_draft and serve.router.default_mode == "draft" else "ngram"
@@ -72,6 +72,7 @@ def _deployment(profile: Profile, serve: ServeConfig, mode: str, colocated: bool
         max_context=serve.target.worker.max_len,
         colocated=colocated,
         mode=mode,
+        jitter=jitter,
     )
 
 
@@ -86,16 +87,18 @@ def predict_bench(
     colocated: bool = True,
     draws: int = 1,
     after: dict[str, Any] | None = None,
+    jitter: float = 0.0,
 ) -> dict[str, Any]:
     """What `specdec bench serve` would report: {"results": [{scenario, kind, x, mode, summary, sim}]}.
     The runs go in the bench's order through one router (its learned state carried over: the
     verify cost line, the pooled acceptance, the drafters' measured waits), as the service's.
-    ``draws`` > 1: each run simulated that many times, the acceptance drawn with seeds ``seed``,
+    ``draws`` > 1: each run simulated that many times, the acceptance (and ``jitter``) drawn with seeds ``seed``,
     ``seed`` + 1, ... (the arrivals stay the bench's, from ``seed``), and the numbers averaged:
     with a few requests, one draw's k or tau moves by tens of percent. ``after``: a `specdec bench
     serve` result the same service ran just before (the protocol's calibration run): its runs are
     simulated first and not reported, so the router starts from what that run taught the
-    service's, not from a fresh router's priors."""
+    service's, not from a fresh router's priors. ``jitter``: the spread of each simulated call's
+    time (Deployment.jitter); with greedy paths it is what makes the draws differ."""
     if draws < 1:
         raise WorkloadError(f"draws must be at least 1 (got {draws})")
     memory = None
@@ -103,12 +106,12 @@ def predict_bench(
         past, opts = scenarios_of(after)
         past_modes = tuple(opts.get("modes") or modes)
         args = (opts.get("requests") or requests, opts.get("max_tokens", max_tokens), past_modes, opts.get("seed", 0))
-        _, memory = _runs(profile, serve, past, *args, colocated, 1, None)
-    results, _ = _runs(profile, serve, scenarios, requests, max_tokens, modes, seed, colocated, draws, memory)
+        _, memory = _runs(profile, serve, past, *args, colocated, 1, None, jitter)
+    results, _ = _runs(profile, serve, scenarios, requests, max_tokens, modes, seed, colocated, draws, memory, jitter)
     return {"profile": {"device": profile.device, "target": profile.target, "draft": profile.draft}, "results": results}
 
 
-def _runs(profile, serve, scenarios, requests, max_tokens, modes, seed, colocated, draws, memory):
+def _runs(profile, serve, scenarios, requests, max_tokens, modes, seed, colocated, draws, memory, jitter=0.0):
     """predict_bench's runs, from the router ``memory`` given; (results, the memory after them)."""
     results = []
     for sc in scenarios:
@@ -120,7 +123,7 @@ def _runs(profile, serve, scenarios, requests, max_tokens, modes, seed, colocate
             else:
                 raise WorkloadError(f"unknown scenario kind {sc.kind!r}")
             reqs = bench_requests(profile, requests, max_tokens, arrivals)
-            dep = _deployment(profile, serve, mode, colocated)
+            dep = _deployment(profile, serve, mode, colocated, jitter)
             closed = int(sc.x) if sc.kind == "closed" else 0
             runs: list[SimResult] = [
                 simulate(dep, reqs, seed=seed + d, closed=closed, memory=copy.deepcopy(memory)) for d in range(draws)

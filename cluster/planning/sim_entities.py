@@ -160,6 +160,7 @@ class SimClient:
     restarts: int = 0  # simulated workers never restart
     telemetry: SimTelemetry = field(default_factory=SimTelemetry)
     calls: list = field(default_factory=list)  # its calls not yet past a telemetry sample
+    noise: Callable[[], float] | None = None  # a factor on each call's work (Deployment.jitter)
 
     @property
     def info(self) -> Any:
@@ -167,7 +168,7 @@ class SimClient:
 
     def submit(self, work: float, at: float | None = None) -> Call:
         """Send a call of ``work`` seconds to its worker, now or at time ``at``."""
-        call, device = Call(work), self.worker.device
+        call, device = Call(work * self.noise() if self.noise and work > 0 else work), self.worker.device
         if work > 0:
             self.calls.append(call)
         if at is None or at <= device.clock():

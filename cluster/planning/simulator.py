@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import random
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ class Deployment:
     max_context: int = 4096
     colocated: bool = False  # one device for the draft and the target (a CPU machine): they share it
     mode: str = "auto"  # what each request asks for: auto | draft | ngram | off
+    # The service's own spread of a call's time: each call's work times exp(N(0, jitter)), drawn
+    # from the run's seed. The router's k reads measured times, so the spread moves its k, and a
+    # greedy request's path with it; without it the draws of greedy requests never differ.
+    jitter: float = 0.0
 
 
 @dataclass
@@ -105,6 +110,8 @@ class _Sim:
     ):
         self.dep, self.P, self.costs = dep, dep.policy, dep.costs
         self.rng = random.Random(seed)
+        spread = random.Random(seed + 7919)  # its own stream: the acceptance draws stay as without it
+        noise = (lambda: math.exp(spread.gauss(0.0, dep.jitter))) if dep.jitter > 0 else None
         self.now = 0.0
         self.limit = time_limit
         self._heap: list = []
@@ -112,7 +119,7 @@ class _Sim:
         clock = self.clock
         P = self.P
         self.targets = [
-            SimClient(f"target-{i}", "target", Worker(Device(self.at, clock)), dep.target_slots)
+            SimClient(f"target-{i}", "target", Worker(Device(self.at, clock)), dep.target_slots, noise=noise)
             for i in range(dep.groups)
         ]
         self.pool = P.new_pool(clock) if dep.drafts else None
@@ -120,7 +127,7 @@ class _Sim:
         for i in range(dep.drafts):
             # colocated: the draft model runs on its target's device, and they share it
             device = self.targets[i % dep.groups].worker.device if dep.colocated else Device(self.at, clock)
-            drafters[f"draft-{i}"] = SimClient(f"draft-{i}", "draft", Worker(device), dep.draft_slots)
+            drafters[f"draft-{i}"] = SimClient(f"draft-{i}", "draft", Worker(device), dep.draft_slots, noise=noise)
             self.pool.add(drafters[f"draft-{i}"])
         self.drafting = SimDrafting(self, drafters)
         static = not P.cfg.rebalance.enabled

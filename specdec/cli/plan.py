@@ -216,9 +216,22 @@ def _simulate(args: argparse.Namespace) -> int:
     if not scenarios:
         _err("give --rate and/or --concurrency, or --compare a bench serve result")
         return USAGE
+    if not 0 <= args.jitter <= 1:
+        _err(f"--jitter must be in [0, 1] (got {args.jitter})")
+        return USAGE
     try:
         pred = predict_bench(
-            profile, serve, scenarios, requests, max_tokens, modes, seed, not args.separate_devices, args.draws, after
+            profile,
+            serve,
+            scenarios,
+            requests,
+            max_tokens,
+            modes,
+            seed,
+            not args.separate_devices,
+            args.draws,
+            after,
+            args.jitter,
         )
     except (ProfileError, WorkloadError) as exc:
         _err(str(exc))
@@ -373,6 +386,13 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--draws", type=int, default=8, help="simulations per scenario, acceptance drawn anew, numbers averaged"
+    )
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=0.05,
+        help="spread of each simulated call's time, exp(N(0, JITTER)): the service's own (its Verify of one"
+        " shape spread ~6 %% on the CPU VM, bench/NOTES.md); the router's k follows measured times",
     )
     p.add_argument("--separate-devices", action="store_true", help="draft and target on their own devices")
     p.add_argument("--json", default=None, metavar="OUT")

@@ -273,6 +273,8 @@ def test_simulate_command_predicts_and_compares(tiny_profile, tmp_path, capsys):
     assert "predicted vs measured" in text and "(+0%)" in text  # the same run, so no error
     assert main(["simulate", "--profile", str(tmp_path / "missing.json"), "--rate", "1"]) == 2
     assert "no such profile" in capsys.readouterr().err
+    assert main(["simulate", "--profile", str(prof), "--rate", "1", "--jitter", "-0.1"]) == 2
+    assert "--jitter must be in [0, 1]" in capsys.readouterr().err
     # a profile its budget cut short is named as such; a complete one is not
     assert "time budget" not in capsys.readouterr().err
     thin = dataclasses.replace(tiny_profile, skipped=[f"target prefill of {n} tokens" for n in (64, 128, 256, 512)])

@@ -417,3 +417,6 @@ def test_a_greedy_path_replays_the_same_rounds_in_every_draw():
     assert runs[0]["tau"] == pytest.approx(4.0) and runs[0]["k_mean"] == pytest.approx(31 / 8)
     drawn = [simulate(dep, requests(1, 0.75), seed=s).summary["tau"] for s in range(3)]
     assert len(set(drawn)) > 1  # the acceptance model's rounds are drawn anew each time
+    # the service's own spread of call times (Deployment.jitter) moves the times, not a fixed k's path
+    jittered = [simulate(dataclasses.replace(dep, jitter=0.05), specs(), seed=s).summary for s in range(3)]
+    assert len({r["tpot_ms_p50"] for r in jittered}) == 3 and {r["tau"] for r in jittered} == {4.0}
