@@ -91,7 +91,8 @@ class SimRequestSpec:
     t: float  # arrival, seconds from the start
     prompt_tokens: int
     output_tokens: int  # the request ends after this many tokens
-    acceptance: dict[str, AcceptanceModel] = field(default_factory=dict)  # by drafter: "draft", "ngram"
+    # by drafter, "draft" and "ngram": an AcceptanceModel, or a GreedyPath (greedy_path.py; same sample())
+    acceptance: dict[str, AcceptanceModel] = field(default_factory=dict)
     id: str = ""
 
 
