@@ -41,6 +41,7 @@ class Scenario:
 def bench_requests(profile: Profile, n: int, max_tokens: int, arrivals: list[float]) -> list[SimRequestSpec]:
     """The bench's requests: prompt i mod (profiled prompts), its length, output and acceptance."""
     pools: dict[str, list[AcceptanceModel]] = {name: acceptance_pool(s) for name, s in profile.drafters.items()}
+    paths = [r.agree for r in profile.drafters["draft"].requests] if "draft" in profile.drafters else []
     base = next(iter(profile.drafters.values()), None)
     if base is None or not base.requests:
         raise ProfileError("the profile has no acceptance run (profile with prompts and a budget that reaches it)")
@@ -51,9 +52,9 @@ def bench_requests(profile: Profile, n: int, max_tokens: int, arrivals: list[flo
         stopped = req.finish_reason == "stop" or req.output_tokens < prof_max
         output = min(max_tokens, req.output_tokens) if stopped else max_tokens
         acc = {name: models[i % len(models)] for name, models in pools.items() if models}
-        paths = profile.drafters["draft"].requests if "draft" in acc else []
-        if paths and paths[i % len(paths)].agree:  # the bench decodes greedily: its drafts follow the path
-            acc["draft"] = GreedyPath(paths[i % len(paths)].agree, acc["draft"])
+        agree = paths[i % len(paths)] if paths and "draft" in acc else None
+        if agree:  # the bench decodes greedily: its drafts follow the path
+            acc["draft"] = GreedyPath(agree, acc["draft"])
         out.append(SimRequestSpec(arrivals[i], req.prompt_tokens, max(1, output), acc, f"{req.id}#{i}"))
     return out
 
@@ -176,7 +177,7 @@ def _spread(summaries: list[dict[str, Any]]) -> dict[str, list[float]]:
         values = [s[key] for s in summaries if isinstance(s.get(key), int | float)]
         if len(values) == len(summaries) and len(values) > 1:
             deciles = statistics.quantiles(values, n=10, method="inclusive")
-            if deciles[-1] > deciles[0]:  # the draws differ in acceptance only: OFF's never move
+            if deciles[-1] > deciles[0]:  # without jitter OFF's draws never move: no band
                 out[key] = [round(deciles[0], 4), round(deciles[-1], 4)]
     return out
 
@@ -243,5 +244,7 @@ def format_comparison(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(" | ".join([r["scenario"], r["mode"]] + [cell(r[k]) for k, _ in _METRICS]))
     if any("draws_p10_p90" in r[k] for r in rows for k, _ in _METRICS):
-        lines.append("[lo-hi]: the draws' 10th to 90th percentile (acceptance drawn anew); '!': the run fell outside")
+        lines.append(
+            "[lo-hi]: the draws' 10th to 90th percentile (acceptance and jitter drawn anew); '!': the run fell outside"
+        )
     return "\n".join(lines)

@@ -385,7 +385,10 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default="auto,off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--draws", type=int, default=8, help="simulations per scenario, acceptance drawn anew, numbers averaged"
+        "--draws",
+        type=int,
+        default=8,
+        help="simulations per scenario, acceptance and jitter drawn anew, numbers averaged",
     )
     p.add_argument(
         "--jitter",
