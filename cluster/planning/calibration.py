@@ -39,20 +39,32 @@ def _medians(by_batch: dict[int, list[float]]) -> list[list[float]]:
     return [[b, round(statistics.median(v), 3)] for b, v in sorted(by_batch.items())]
 
 
-# The rows the timed Proposes must span for a line in them (c=1, 2, 4 spans 1.0-2.5 rows)
-_DRAFT_LINE_MIN_SPAN = 1.0
+# The rows the timed Proposes must span for points in them (c=1, 2, 4 spans 1.0-2.5 rows), and how
+# close two scenarios' mean rows may lie before they count as one point (c=8 and c=16: 6.0 and 6.4)
+_DRAFT_STEP_MIN_SPAN = 1.0
+_DRAFT_STEP_SAME_ROWS = 0.5
 
 
-def _draft_step_line(points: list[tuple[float, float]]) -> list[float]:
-    """[fixed, per row] of the service's Propose per draft step, from (mean rows, ms per step) points
-    that span :data:`_DRAFT_LINE_MIN_SPAN` rows or more; [] where they do not, or the fit is not a
-    line that rises with the rows (then the profile's grid, scaled, prices the Propose)."""
-    if len(points) < 2 or max(r for r, _ in points) - min(r for r, _ in points) < _DRAFT_LINE_MIN_SPAN:
+def _draft_step_points(points: list[tuple[float, float]]) -> list[list[float]]:
+    """[mean rows, ms per step] of the service's Propose, from each scenario's (mean rows, ms per
+    step), where they span :data:`_DRAFT_STEP_MIN_SPAN` rows or more: scenarios of about the same
+    rows averaged, and a step never cheaper than at fewer rows (a dip is noise; the work grows with
+    the rows). [] where they do not span, or the cost falls from the fewest rows to the most (then
+    the profile's grid, scaled, prices the Propose)."""
+    pts = sorted(points)
+    if len(pts) < 2 or pts[-1][0] - pts[0][0] < _DRAFT_STEP_MIN_SPAN or pts[-1][1] < pts[0][1]:
         return []
-    line = least_squares_line(points)
-    if line is None or line[0] <= 0 or line[1] < 0:
-        return []
-    return [round(line[0], 3), round(line[1], 3)]
+    groups: list[list[tuple[float, float]]] = []
+    for p in pts:
+        if groups and p[0] - groups[-1][0][0] < _DRAFT_STEP_SAME_ROWS:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    out: list[list[float]] = []
+    for g in groups:
+        rows, ms = sum(r for r, _ in g) / len(g), sum(m for _, m in g) / len(g)
+        out.append([round(rows, 3), round(max(ms, out[-1][1] if out else 0.0), 3)])
+    return out if len(out) > 1 else []
 
 
 def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhead:
@@ -71,8 +83,8 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     ``draft_scale``: the median over scenarios of the draft worker's compute per timed Propose over
     the profile's Propose at that call's mean rows and steps (results from before the draft worker
     reported its compute: 1), and ``draft_scale_by_batch`` the median per mean rows (rounded).
-    ``draft_step_ms``: the line through each scenario's compute per draft step against its mean rows
-    (:func:`_draft_step_line`), which then prices the Propose in place of the scaled grid. The
+    ``draft_step_by_rows``: each scenario's compute per draft step at its mean rows
+    (:func:`_draft_step_points`), which then prices the Propose in place of the scaled grid. The
     draft RPC is the timed Proposes' wall less that compute (``propose_rpc_ms``), the mean over
     scenarios. Results from before the router measured it read it from the draft wait less the
     Propose as priced (:meth:`Overhead.propose_ms`) for the mean batch and k, only in scenarios where no
@@ -125,12 +137,11 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
     fixed, per_row = line if line is not None and line[0] >= 0 and line[1] >= 0 else (0.0, 0.0)
     if per_row == 0.0:
         fixed = sum(t for _, t in points) / len(points)
-    step_line = _draft_step_line(draft_steps)
+    step_points = _draft_step_points(draft_steps)
     drafts = Overhead(
         draft_scale=round(statistics.median(draft_scales), 3) if draft_scales else 1.0,
         draft_scale_by_batch=_medians(draft_by_rows),
-        draft_step_ms=step_line,
-        draft_step_rows=round(max(r for r, _ in draft_steps), 3) if step_line else 0.0,
+        draft_step_by_rows=step_points,
     )
     if draft_rpc:  # measured
         drpc = [sum(draft_rpc) / len(draft_rpc)]
@@ -151,7 +162,6 @@ def overhead_from_bench(result: dict, profile: Profile | None = None) -> Overhea
         prefill_scale=round(statistics.median(prefill_scales), 3) if prefill_scales else 1.0,
         draft_scale=drafts.draft_scale,
         draft_scale_by_batch=drafts.draft_scale_by_batch,
-        draft_step_ms=drafts.draft_step_ms,
-        draft_step_rows=drafts.draft_step_rows,
+        draft_step_by_rows=drafts.draft_step_by_rows,
         source=f"bench serve result ({len(points)} scenarios)",
     )

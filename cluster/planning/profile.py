@@ -172,13 +172,15 @@ class Overhead:
     the draft worker's Propose compute in the service over the profile's Propose at the same rows
     and steps; ``draft_scale_by_batch``: the same as [mean rows, scale] points, used when there are
     any (on the float32 Qwen pair it went from 1.9 at one row to 1.0 at six: bench/NOTES.md).
-    ``draft_step_ms``: [fixed, per row], the service's own Propose per draft step as a line in the
-    rows, fitted to its timed Proposes where they cover a range of rows; when set it prices the
+    ``draft_step_by_rows``: the service's own Propose per draft step as [mean rows, ms per step]
+    points, one per calibration scenario that timed Proposes, interpolated; when set they price the
     draft's Propose in place of the profile's grid (timed on the draft's own continuations, whose
     prompt-lookup guesses hit otherwise than on the target's text: its shape in rows and steps was
-    off by 15-25 % at 1.5-2.6 rows on the float32 Qwen pair, bench/NOTES.md). ``draft_step_rows``:
-    the most rows the line saw; past them the grid's growth in rows carries it on (a line through
-    1-2.7 rows priced a step of 8 rows 1.4-1.6x what the service took: bench/NOTES.md, ninth session).
+    off by 15-25 % at 1.5-2.6 rows on the float32 Qwen pair, bench/NOTES.md). Past the last point
+    the grid's growth in rows carries it on (a line through 1-2.7 rows priced a step of 8 rows
+    1.4-1.6x what the service took: bench/NOTES.md, ninth session). Points, not a line: the cost per
+    step is concave in the rows, and a line through 1-6.9 rows priced the one-row step, where the
+    light rates draft, 15 % over the service's (bench/NOTES.md, eleventh session).
     ``draft_prefill_scale``: the draft's prefill work over the profile's curve, set so that the
     simulated drafter's Prefills take as long per token as the service's did (its contention with
     the target included, which the simulated shared device adds itself:
@@ -194,8 +196,7 @@ class Overhead:
     prefill_scale: float = 1.0
     draft_scale: float = 1.0
     draft_scale_by_batch: list[list[float]] = field(default_factory=list)
-    draft_step_ms: list[float] = field(default_factory=list)
-    draft_step_rows: float = 0.0  # 0: no bound (profiles calibrated before it was kept)
+    draft_step_by_rows: list[list[float]] = field(default_factory=list)
     draft_prefill_scale: float = 1.0
     source: str = "default (not measured)"
 
@@ -210,15 +211,28 @@ class Overhead:
         return _scale_at(self.draft_scale_by_batch, batch, self.draft_scale)
 
     def propose_ms(self, grid: Grid | None, batch: float, k: float) -> float | None:
-        """The service's Propose of ``batch`` rows and ``k`` steps (ms): the calibrated line, else the
+        """The service's Propose of ``batch`` rows and ``k`` steps (ms): its per-step points, else the
         profile's Propose ``grid`` times the scale at that batch; None with neither."""
-        if self.draft_step_ms:
-            fixed, per_row = self.draft_step_ms
-            edge = self.draft_step_rows
-            if grid is not None and edge and batch > edge:
-                return k * (fixed + per_row * edge) * grid.at(batch, k) / grid.at(edge, k)
-            return k * (fixed + per_row * batch)
+        if self.draft_step_by_rows:
+            edge = max(r for r, _ in self.draft_step_by_rows)
+            step = _scale_at(self.draft_step_by_rows, min(batch, edge), 0.0)
+            if grid is not None and batch > edge:
+                return k * step * grid.at(batch, k) / grid.at(edge, k)
+            return k * step
         return grid.at(batch, k) * self.draft_scale_at(batch) if grid is not None else None
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Overhead:
+        """An ``Overhead`` as saved; profiles calibrated before the per-step points kept a line
+        (``draft_step_ms``: [fixed, per row], bounded by ``draft_step_rows``, 0 for none), read as
+        the line's points at one row and at its bound (two rows without one)."""
+        d = dict(d)
+        line, edge = d.pop("draft_step_ms", None), d.pop("draft_step_rows", 0.0)
+        if line and "draft_step_by_rows" not in d:
+            fixed, per_row = line
+            edge = edge or 2.0
+            d["draft_step_by_rows"] = [[1.0, fixed + per_row], [edge, fixed + per_row * edge]]
+        return Overhead(**d)
 
 
 def _scale_at(points: list[list[float]], batch: float, default: float) -> float:
@@ -289,7 +303,7 @@ class Profile:
                 draft_forward=Grid(**d["draft_forward"]) if d.get("draft_forward") else None,
                 draft_prefill=Curve(**d["draft_prefill"]) if d.get("draft_prefill") else None,
                 draft_propose=Grid(**d["draft_propose"]) if d.get("draft_propose") else None,
-                overhead=Overhead(**d.get("overhead", {})),
+                overhead=Overhead.from_dict(d.get("overhead", {})),
                 drafters=drafters,
                 workload=d.get("workload", {}),
                 tp=d.get("tp"),

@@ -174,9 +174,10 @@ def _profile_summary(p) -> str:
         f"(by batch: speculative {o.verify_scale_by_batch}, plain {o.verify_scale_plain_by_batch}), "
         f"prefill x {o.prefill_scale:.2f}, draft Propose "
         + (
-            f"{o.draft_step_ms[0]:.1f} + {o.draft_step_ms[1]:.1f} ms x rows per step"
-            + (f" up to {o.draft_step_rows:.2g} rows, then as the grid grows" if o.draft_step_rows else "")
-            if o.draft_step_ms
+            "per step "
+            + ", ".join(f"{ms:.1f} ms at {rows:.2g} rows" for rows, ms in o.draft_step_by_rows)
+            + ", then as the grid grows"
+            if o.draft_step_by_rows
             else f"x {o.draft_scale:.2f}"
         )
         + f", draft prefill x {o.draft_prefill_scale:.2f} ({o.source})"

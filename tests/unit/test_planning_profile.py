@@ -192,7 +192,7 @@ def test_the_draft_scale_comes_from_the_draft_workers_compute_per_propose():
     o = overhead_from_bench(bench, profile)
     assert o.draft_scale == pytest.approx(0.8) and o.draft_scale_by_batch == [[1, 1.6], [8, 0.8]]
     assert o.draft_rpc_ms == pytest.approx(5.0)  # each wait less its own batch's scaled Propose
-    profile.overhead = dataclasses.replace(o, draft_step_ms=[])  # the scaled grid (see the line below)
+    profile.overhead = dataclasses.replace(o, draft_step_by_rows=[])  # the scaled grid (see the points below)
     costs = ProfileCosts(profile, "draft")
     assert costs.draft_s(8, 8, 168) == pytest.approx(0.8 * 0.32) and costs.draft_s(1, 8, 168) == pytest.approx(0.256)
     assert o.draft_scale_at(4.5) == pytest.approx(1.2) and Overhead(draft_scale=0.9).draft_scale_at(3) == 0.9
@@ -202,9 +202,9 @@ def test_the_draft_scale_comes_from_the_draft_workers_compute_per_propose():
         sc["summary"]["split"]["draft_wait_ms_per_round"] += 300.0
         sc["summary"]["split"]["propose_rpc_ms"] = measured
     assert overhead_from_bench(bench, profile).draft_rpc_ms == pytest.approx(4.0)
-    # the scenarios span 7 rows: the service's own cost per step, a line in the rows, prices the
+    # the scenarios span 7 rows: the service's own cost per step at each scenario's rows prices the
     # Propose (32 ms a step at every row here), not the profile's grid
-    assert o.draft_step_ms == [32.0, 0.0] and costs.draft_s(4, 3, 168) == pytest.approx(
+    assert o.draft_step_by_rows == [[1.0, 32.0], [8.0, 32.0]] and costs.draft_s(4, 3, 168) == pytest.approx(
         propose.at(4, 3) * o.draft_scale_at(4) / 1e3
     )
     profile.overhead = o
@@ -216,10 +216,11 @@ def test_the_draft_scale_comes_from_the_draft_workers_compute_per_propose():
     assert overhead_from_bench(bench, profile).draft_scale_at(4) == 1.0
 
 
-def test_the_services_propose_per_step_is_a_line_in_the_rows_where_its_scenarios_span_them():
-    """Closed c=1, 2, 4 of the float32 Qwen pair (serve-f32-samecal.json): 174, 206, 228 ms a step at
-    1.0, 1.7, 2.5 rows, which the profile's grid (timed on the draft's own continuations) priced at
-    0.55-0.76 of that, 1.3-1.8x by a scale that did not carry over to other rows and steps."""
+def test_the_services_propose_per_step_is_interpolated_between_its_scenarios_rows():
+    """Closed c=1, 2, 4, 8 of the bf16 Qwen pair (serve-bf16-cal7.json): 31.3, 44.0, 51.9, 70.6 ms a
+    step at 1.0, 1.96, 2.93, 6.89 rows, which the profile's grid (timed on the draft's own
+    continuations) prices otherwise. A least-squares line through them (29.8 + 6.2 ms x rows)
+    priced the one-row step at 36.0 ms, 15 % over the service's; the points price it as measured."""
     propose = Grid([1, 8], [1, 8], [[20.0, 160.0], [40.0, 320.0]])
     profile = dataclasses.replace(_grid_profile(), draft_forward=propose, draft_propose=propose)
 
@@ -230,27 +231,38 @@ def test_the_services_propose_per_step_is_a_line_in_the_rows_where_its_scenarios
         )
         return sc
 
-    runs = [scenario(1.0, 6.36, 1104.0), scenario(1.714, 6.0, 1234.0), scenario(2.538, 5.23, 1192.0)]
+    runs = [scenario(1.0, 5.905, 184.9), scenario(1.955, 4.682, 206.2), scenario(2.929, 4.357, 226.2)]
     o = overhead_from_bench({"results": runs}, profile)
-    fixed, per_row = o.draft_step_ms
-    assert fixed == pytest.approx(141.0, abs=1.0) and per_row == pytest.approx(35.1, abs=0.5)
+    assert o.draft_step_by_rows == [[1.0, pytest.approx(31.31, abs=0.01)], [1.955, pytest.approx(44.04, abs=0.01)],
+                                    [2.929, pytest.approx(51.92, abs=0.01)]]  # fmt: skip
     profile.overhead = o
     costs = ProfileCosts(profile, "draft")
-    assert costs.draft_s(2, 6, 168) == pytest.approx(6 * (fixed + 2 * per_row) / 1e3)
-    # past the rows it saw, the line grows as the profile's grid does (bf16 Qwen pair: a line through
+    assert costs.draft_s(1, 6, 168) == pytest.approx(6 * 31.31e-3, abs=1e-4)
+    halfway = (44.04 + 51.92) / 2
+    assert costs.draft_s(2.442, 4, 168) == pytest.approx(4 * halfway / 1e3, rel=1e-3)
+    # past the rows it saw, the step grows as the profile's grid does (bf16 Qwen pair: a line through
     # 1-2.7 rows priced a step of 8 rows at 138 ms, the service took 87)
-    edge = o.draft_step_rows
-    assert edge == 2.538
-    past = 6 * (fixed + edge * per_row) * propose.at(8, 6) / propose.at(edge, 6) / 1e3
-    assert costs.draft_s(8, 6, 168) == pytest.approx(past) and past < 6 * (fixed + 8 * per_row) / 1e3
-    # rows that do not span a row (c=8 and c=16: 6.0 and 6.4): no line, the grid scaled
+    past = 6 * 51.92 * propose.at(8, 6) / propose.at(2.929, 6) / 1e3
+    assert costs.draft_s(8, 6, 168) == pytest.approx(past, rel=1e-3)
+    # two scenarios of about the same rows are one point; a dip at more rows is noise, not a cheaper step
+    steps = [scenario(1.0, 5.0, 150.0), scenario(1.2, 5.0, 170.0), scenario(3.0, 5.0, 140.0), scenario(6.0, 5.0, 250.0)]
+    dip = overhead_from_bench({"results": steps}, profile)
+    assert dip.draft_step_by_rows == [[1.1, 32.0], [3.0, 32.0], [6.0, 50.0]]
+    # rows that do not span a row (c=8 and c=16: 6.0 and 6.4): no points, the grid scaled
     close = overhead_from_bench({"results": [scenario(6.0, 4.75, 1659.0), scenario(6.38, 5.0, 1563.0)]}, profile)
-    assert close.draft_step_ms == [] and close.draft_scale != 1.0
-    # a line that falls with the rows is not a cost: no line
-    assert (
-        overhead_from_bench({"results": [scenario(1.0, 5.0, 1000.0), scenario(4.0, 5.0, 500.0)]}, profile).draft_step_ms
-        == []
-    )
+    assert close.draft_step_by_rows == [] and close.draft_scale != 1.0
+    # a step that costs less at the most rows than at the fewest is not a cost: no points
+    falling = overhead_from_bench({"results": [scenario(1.0, 5.0, 1000.0), scenario(4.0, 5.0, 500.0)]}, profile)
+    assert falling.draft_step_by_rows == []
+
+
+def test_a_profile_calibrated_before_the_points_reads_its_line_as_points():
+    """Profiles from before kept [fixed, per row] and the rows it held to: the same prices there."""
+    o = Overhead.from_dict({"draft_step_ms": [29.8, 6.2], "draft_step_rows": 6.9, "verify_scale": 1.2})
+    assert o.draft_step_by_rows == [[1.0, 36.0], [6.9, pytest.approx(72.58)]] and o.verify_scale == 1.2
+    assert o.propose_ms(None, 4.0, 3) == pytest.approx(3 * (29.8 + 6.2 * 4.0))
+    unbounded = Overhead.from_dict({"draft_step_ms": [30.0, 5.0], "draft_step_rows": 0.0})
+    assert unbounded.draft_step_by_rows == [[1.0, 35.0], [2.0, 40.0]]
 
 
 def test_simulate_command_predicts_and_compares(tiny_profile, tmp_path, capsys):
