@@ -23,7 +23,8 @@ from cluster.planning.policies import RouterPolicy
 from cluster.planning.profile import Profile, ProfileError
 from cluster.planning.simulator import Deployment, SimResult, simulate
 from cluster.planning.workload import AcceptanceModel, SimRequestSpec, WorkloadError, acceptance_pool
-from specdec.bench.serve import poisson_arrivals
+from specdec.bench.serve import poisson_arrivals, summarize
+from specdec.bench.stats import bootstrap_band
 
 __all__ = ["Scenario", "bench_requests", "predict_bench", "compare", "format_comparison"]
 
@@ -207,14 +208,21 @@ _METRICS = (
 )
 
 
+# The medians a run's own requests decide: with 8 requests a p50 is the mean of two of them
+_RUN_BAND_METRICS = ("ttft_ms_p50", "tpot_ms_p50")
+
+
 def compare(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per scenario and mode: predicted, measured and the relative error of each metric."""
-    meas = {(r["scenario"], r["mode"]): r["summary"] for r in measured.get("results", [])}
+    """Per scenario and mode: predicted, measured and the relative error of each metric; the
+    draws' band of the prediction, and for the medians the run's own (:func:`bootstrap_band` over
+    its requests' records, where the result keeps them)."""
+    meas = {(r["scenario"], r["mode"]): r for r in measured.get("results", [])}
     rows = []
     for r in predicted["results"]:
-        m = meas.get((r["scenario"], r["mode"]))
-        if m is None:
+        run = meas.get((r["scenario"], r["mode"]))
+        if run is None:
             continue
+        m, records = run["summary"], run.get("records") or []
         row: dict[str, Any] = {"scenario": r["scenario"], "mode": r["mode"]}
         for key, _ in _METRICS:
             p, v = r["summary"].get(key), m.get(key)
@@ -223,6 +231,14 @@ def compare(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[st
             if band and v is not None:
                 row[key]["draws_p10_p90"] = band
                 row[key]["within_draws"] = band[0] <= v <= band[1]
+            own = (
+                bootstrap_band(records, lambda rs, key=key: summarize(rs, 1.0)[key])
+                if key in _RUN_BAND_METRICS
+                else None
+            )
+            if own and p is not None:
+                row[key]["run_p10_p90"] = [round(x, 3) for x in own]
+                row[key]["within_run"] = own[0] <= p <= own[1]
         rows.append(row)
     return rows
 
@@ -239,6 +255,9 @@ def format_comparison(rows: list[dict[str, Any]]) -> str:
         if "draws_p10_p90" in c:  # the draws' 10-90 % band; "!" where the measured run fell outside it
             lo, hi = c["draws_p10_p90"]
             text += f" [{lo:.4g}-{hi:.4g}{'' if c['within_draws'] else ' !'}]"
+        if "run_p10_p90" in c:  # the run's own band; "!" where the prediction fell outside it
+            lo, hi = c["run_p10_p90"]
+            text += f" run [{lo:.4g}-{hi:.4g}{'' if c['within_run'] else ' !'}]"
         return text
 
     for r in rows:
@@ -246,5 +265,10 @@ def format_comparison(rows: list[dict[str, Any]]) -> str:
     if any("draws_p10_p90" in r[k] for r in rows for k, _ in _METRICS):
         lines.append(
             "[lo-hi]: the draws' 10th to 90th percentile (acceptance and jitter drawn anew); '!': the run fell outside"
+        )
+    if any("run_p10_p90" in r[k] for r in rows for k, _ in _METRICS):
+        lines.append(
+            "run [lo-hi]: the measured median's 10th to 90th percentile over resamples of the run's requests"
+            " (what a run of this size holds by chance); '!': the prediction fell outside"
         )
     return "\n".join(lines)

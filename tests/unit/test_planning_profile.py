@@ -347,6 +347,39 @@ def test_a_prediction_over_several_draws_is_the_mean_of_the_single_draws(tiny_pr
     assert f"{band} !]" in format_comparison(rows[1:]) and f"{band}]" in format_comparison(rows[:1])
 
 
+def test_the_comparison_gives_a_measured_median_the_band_of_its_own_requests():
+    """The AUTO run at 0.1/s of the protocol's seventh bf16 run: 8 requests of TPOT 46-268 ms, p50
+    81.4 ms (the mean of 80 and 83). Had the run held other requests of the same kind, its p50
+    would have been anywhere from 65 to 130 ms; a prediction of 102 ms (+26 %) lies within that."""
+    from cluster.planning.predict import compare, format_comparison
+    from specdec.bench.serve import summarize
+    from specdec.bench.stats import bootstrap_band
+
+    tpots = [46, 48, 65, 80, 83, 130, 145, 268]
+    records = [{"t_start": 0.0, "t_first": 2.5, "t_last": 2.5 + 31 * t / 1e3, "tokens": 32} for t in tpots]
+    measured = {"scenario": "poisson 0.1/s", "mode": "auto", "summary": summarize(records, 60.0), "records": records}
+    assert measured["summary"]["tpot_ms_p50"] == pytest.approx(81.5)
+
+    def predicted(tpot: float) -> dict:
+        return {"results": [{"scenario": "poisson 0.1/s", "mode": "auto", "summary": {"tpot_ms_p50": tpot}}]}
+
+    near, far = (
+        compare(predicted(102.0), {"results": [measured]})[0],
+        compare(predicted(300.0), {"results": [measured]})[0],
+    )
+    assert near["tpot_ms_p50"]["run_p10_p90"] == pytest.approx([65.0, 130.0], abs=0.5)
+    assert near["tpot_ms_p50"]["within_run"] and not far["tpot_ms_p50"]["within_run"]
+    assert "run [65-130]" in format_comparison([near]) and "run [65-130 !]" in format_comparison([far])
+    assert "resamples of the run's requests" in format_comparison([near])
+    # a result without its records (or of one request) has no band of its own
+    bare = {"results": [dict(measured, records=[])]}
+    assert "run_p10_p90" not in compare(predicted(102.0), bare)[0]["tpot_ms_p50"]
+    assert bootstrap_band([1.0], lambda xs: xs[0]) is None
+    assert bootstrap_band(tpots, lambda xs: sum(xs) / len(xs), seed=1) == bootstrap_band(
+        tpots, lambda xs: sum(xs) / len(xs), seed=1
+    )
+
+
 def test_a_prediction_after_a_run_starts_from_the_router_that_run_left(tiny_profile):
     from cluster.config import PoolConfig, ServeConfig
     from cluster.planning.predict import Scenario, predict_bench
