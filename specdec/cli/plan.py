@@ -175,7 +175,7 @@ def _profile_summary(p) -> str:
         f"prefill x {o.prefill_scale:.2f}, draft Propose "
         + (
             "per step "
-            + ", ".join(f"{ms:.1f} ms at {rows:.2g} rows" for rows, ms in o.draft_step_by_rows)
+            + ", ".join(f"{ms:.1f} ms at {rows:.2g} row{'' if rows == 1 else 's'}" for rows, ms in o.draft_step_by_rows)
             + ", then as the grid grows"
             if o.draft_step_by_rows
             else f"x {o.draft_scale:.2f}"
