@@ -214,8 +214,8 @@ class Overhead:
         """The service's Propose of ``batch`` rows and ``k`` steps (ms): its per-step points, else the
         profile's Propose ``grid`` times the scale at that batch; None with neither."""
         if self.draft_step_by_rows:
+            step = _scale_at(self.draft_step_by_rows, batch, 0.0)  # flat past the last point
             edge = max(r for r, _ in self.draft_step_by_rows)
-            step = _scale_at(self.draft_step_by_rows, min(batch, edge), 0.0)
             if grid is not None and batch > edge:
                 return k * step * grid.at(batch, k) / grid.at(edge, k)
             return k * step
