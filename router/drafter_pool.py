@@ -297,6 +297,10 @@ class DrafterPool:
             mates=sum(t == target for t in d.jobs.values()) if target is not None else 0,
         )
 
+    def view_of(self, name: str, target: str | None = None) -> DrafterView | None:
+        d = self._d.get(name)
+        return self.view(d, self.clock(), target) if d is not None else None
+
     def views(self, now: float | None = None, target: str | None = None) -> list[DrafterView]:
         """Every drafter as the policy sees it (``target``: whose request asks, for ``mates``)."""
         now = self.clock() if now is None else now

@@ -27,6 +27,7 @@ from router.drafter_pool import DrafterPool
 from router.jobs import Job, PreDraft
 from router.metrics import Metrics
 from router.policy import draft_deadline, predraft_k
+from router.rebalance import predraft_room
 from router.workers import WorkerUnavailable
 from specdec.core.ngram import NgramDrafter
 from specdec.core.params import VerifyMode
@@ -248,15 +249,24 @@ class DraftSource:
         if not enabled or self.pool is None:
             return
         groups: dict[str, tuple[list[int], list[worker_pb2.Sequence], list[bool]]] = {}
+        rooms: dict[str, int | None] = {}  # draft steps a pre-draft may take on each drafter
         for i, (job, k, d) in enumerate(zip(batch, ks, drafts)):
             if job.spec != "draft" or k <= 0 or len(d.tokens) != k or job.drafter is None:
                 continue
             client = self.pool.client(job.drafter)
             if client is None or not client.up or self.pool.is_late(job.drafter):
                 continue
+            if job.drafter not in rooms:
+                rooms[job.drafter] = predraft_room(self.pool.view_of(job.drafter, self.name), self.verify_ema)
             st = job.state
             k_next = predraft_k(
-                policy_k(job), len(st.generated), k, st.params.max_tokens, len(st.tokens), self.max_context
+                policy_k(job),
+                len(st.generated),
+                k,
+                st.params.max_tokens,
+                len(st.tokens),
+                self.max_context,
+                rooms[job.drafter],
             )
             if k_next <= 0:
                 continue

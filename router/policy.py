@@ -117,8 +117,13 @@ def draft_deadline(cfg: RouterConfig, verify_ema: float | None, k: int) -> float
     return min(cap, max(cfg.draft_deadline_min_s, cfg.draft_deadline_factor * (k + 1) * verify_ema))
 
 
-def predraft_k(policy_k: int, generated: int, k: int, max_tokens: int, tokens: int, max_context: int) -> int:
+def predraft_k(
+    policy_k: int, generated: int, k: int, max_tokens: int, tokens: int, max_context: int, room: int | None = None
+) -> int:
     """Length of the pre-draft for round r+1, drafted while round r (``k`` draft tokens) verifies on
-    the guess that all of it is accepted plus the target's bonus token (0: no pre-draft)."""
+    the guess that all of it is accepted plus the target's bonus token (0: no pre-draft). It drafts
+    that guess and its own tokens, so it runs its length + 1 steps: at most ``room``
+    (:func:`router.rebalance.predraft_room`; None: no bound)."""
     remaining = max_tokens - (generated + k + 1) - 1
-    return max(0, min(policy_k, remaining, max_context - (tokens + k + 1)))
+    fit = policy_k if room is None else room - 1
+    return max(0, min(policy_k, fit, remaining, max_context - (tokens + k + 1)))

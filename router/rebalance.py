@@ -55,6 +55,7 @@ __all__ = [
     "DepthPlan",
     "plan_depth",
     "depth_plan",
+    "predraft_room",
     "Route",
     "route_score",
     "pick_target",
@@ -427,6 +428,19 @@ def depth_plan(level: str, k_min: int, k_max: int, cfg: RebalanceConfig) -> Dept
     if level == "shallow":
         return DepthPlan(k_min, max(k_min, k_max // 2), 1.0, False)
     return DepthPlan(k_min, k_max)
+
+
+def predraft_room(d: DrafterView | None, verify_s: float | None, target_s: float | None = None) -> int | None:
+    """Draft steps a pre-draft may take on drafter ``d`` while its target verifies for ``verify_s``
+    (None: no limit measured yet; 0: no pre-draft). A pre-draft must use the drafter's spare time:
+    none on a drafter other targets draft on (their rounds would queue behind it), and no more
+    steps than the verify hides (past it, a miss's redraft waits for it). With both pre-drafting on
+    a shared or slow drafter lost to it off: skew bench 41 against 57 tok/s (bench/NOTES.md)."""
+    if d is None or d.jobs > d.mates:
+        return 0
+    if verify_s is None or d.run_step_s is None or d.run_step_s <= 0:
+        return None
+    return int(verify_s / d.run_step_s)
 
 
 # ---- routing -------------------------------------------------------------------------------------

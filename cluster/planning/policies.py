@@ -15,7 +15,7 @@ from router import policy
 from router.config import RouterConfig
 from router.drafter_pool import DrafterPool
 from router.metrics import Metrics
-from router.rebalance import TargetView, pick_target
+from router.rebalance import DrafterView, TargetView, pick_target, predraft_room
 from router.target_balance import TargetBalance
 from specdec.core.params import SamplingParams, VerifyMode
 from specdec.core.prefill_plan import PrefillNeed, plan_prefill
@@ -64,10 +64,13 @@ class RouterPolicy:
     def policy_k(self, state: RequestState) -> int:
         return policy.policy_k(state)
 
-    def predraft_k(self, state: RequestState, k: int, max_context: int) -> int:
+    def predraft_k(self, state: RequestState, k: int, max_context: int, room: int | None) -> int:
         return policy.predraft_k(
-            self.policy_k(state), len(state.generated), k, state.params.max_tokens, len(state.tokens), max_context
+            self.policy_k(state), len(state.generated), k, state.params.max_tokens, len(state.tokens), max_context, room
         )
+
+    def predraft_room(self, drafter: DrafterView | None, verify_s: float | None) -> int | None:
+        return predraft_room(drafter, verify_s)
 
     def draft_deadline(self, verify_ema: float | None, k: int) -> float:
         return policy.draft_deadline(self.cfg, verify_ema, k)

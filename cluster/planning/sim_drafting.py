@@ -197,13 +197,16 @@ class SimDrafting:
         if not enabled or sim.pool is None:
             return
         groups: dict[str, list[tuple[Job, int]]] = {}
+        rooms: dict[str, int | None] = {}
         for j, k, d in zip(batch, ks, drafted):
             if j.spec != "draft" or k <= 0 or d != k or j.drafter is None:
                 continue
             client = self.drafters.get(j.drafter)
             if client is None or not client.up or client.worker.late_busy:
                 continue
-            k_next = sim.P.predraft_k(j.state, k, sim.dep.max_context)
+            if j.drafter not in rooms:
+                rooms[j.drafter] = sim.P.predraft_room(sim.pool.view_of(j.drafter, g.target.name), g.verify_ema)
+            k_next = sim.P.predraft_k(j.state, k, sim.dep.max_context, rooms[j.drafter])
             if k_next > 0:
                 groups.setdefault(j.drafter, []).append((j, k_next))
         for name, picked in groups.items():

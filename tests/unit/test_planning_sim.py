@@ -230,6 +230,31 @@ def test_lanes_split_a_batch_and_predrafts_hit_when_all_is_accepted():
     assert pre.summary["tpot_ms_p50"] < one.summary["tpot_ms_p50"]
 
 
+def test_a_predraft_longer_than_the_verify_it_overlaps_is_not_sent(monkeypatch):
+    """router.rebalance.predraft_room in the simulation: with 60 ms draft steps, a pre-draft (k 2 and
+    the bonus token's guess: 3 steps) would run past the 100 ms verify, and a miss would wait for it.
+    Only the first round's is sent (nothing is measured yet); with 10 ms steps every round's is."""
+    from cluster.planning.sim_drafting import SimDrafting
+
+    sent = []
+    propose = SimDrafting._propose
+    monkeypatch.setattr(
+        SimDrafting,
+        "_propose",
+        lambda self, name, jobs, k, predraft=False: sent.append(predraft) or propose(self, name, jobs, k, predraft),
+    )
+    for draft_ms, most in ((60.0, 1), (10.0, None)):
+        sent.clear()
+        res = simulate(
+            deployment(make_profile(draft_ms=draft_ms), k_policy=KPolicy(k=2), predraft=True), requests(1, 1.0)
+        )
+        assert res.summary["tokens"] == 32
+        if most is None:
+            assert sum(sent) >= 8 and res.predraft_hit_rate == 1.0  # ~11 rounds of 3 tokens, each pre-drafted
+        else:
+            assert sum(sent) == most
+
+
 def test_queue_limit_rejects_and_closed_loop_sends_one_at_a_time():
     full = simulate(deployment(mode="off", max_queue=1, max_batch=1), requests(4, 0.8))
     assert full.rejected == 2 and full.summary["errors"] == 2

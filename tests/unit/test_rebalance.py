@@ -4,6 +4,7 @@ The speculation switch has its own file (test_speculation_switch.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -17,6 +18,7 @@ from router.rebalance import (
     depth_plan,
     pick_target,
     plan_depth,
+    predraft_room,
 )
 
 CFG = RebalanceConfig()
@@ -341,3 +343,15 @@ def test_the_pool_measures_a_proposes_run_apart_from_its_queueing():
     (v,) = pool.views(now[0])
     assert v.step_s == pytest.approx(0.02) and v.run_step_s == pytest.approx(0.01)
     assert 0 < v.queue_s < 0.2 * 0.04  # each 40 ms wait moves the long memory a little
+
+
+def test_a_predraft_takes_only_a_drafters_spare_time():
+    """Measured in the skew bench (bench/NOTES.md, twelfth session): pre-drafts on a drafter shared
+    by two targets, or longer than the verify they overlap, held up the rounds that needed it."""
+    own = DrafterView("a", step_s=0.03, run_step_s=0.022, jobs=2, mates=2)
+    assert predraft_room(own, verify_s=0.105) == 4  # 4 steps of 22 ms fit in a 105 ms verify
+    assert predraft_room(dataclasses.replace(own, run_step_s=0.061), verify_s=0.105) == 1  # the slowed one
+    assert predraft_room(dataclasses.replace(own, jobs=3), verify_s=0.105) == 0  # another target drafts here
+    assert predraft_room(None, verify_s=0.105) == 0  # the drafter left the pool
+    assert predraft_room(dataclasses.replace(own, run_step_s=None), verify_s=0.105) is None  # not measured yet
+    assert predraft_room(own, verify_s=None) is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router import policy
+from router import policy, rebalance
 from router.config import RouterConfig
 from specdec.core.params import SamplingParams, VerifyMode
 from specdec.core.request_state import CostMeter, KPolicy, new_request
@@ -67,6 +67,10 @@ def test_predraft_k_and_least_loaded():
     assert policy.predraft_k(4, generated=0, k=4, max_tokens=64, tokens=10, max_context=4096) == 4
     assert policy.predraft_k(4, generated=55, k=4, max_tokens=64, tokens=10, max_context=4096) == 3
     assert policy.predraft_k(4, generated=0, k=4, max_tokens=64, tokens=4090, max_context=4096) == 1
+    # a pre-draft runs its length + 1 steps (it drafts the bonus token's guess too): room 4 -> 3 tokens
+    assert policy.predraft_k(4, generated=0, k=4, max_tokens=64, tokens=10, max_context=4096, room=4) == 3
+    assert policy.predraft_k(4, generated=0, k=4, max_tokens=64, tokens=10, max_context=4096, room=1) == 0
+    assert policy.predraft_k(4, generated=0, k=4, max_tokens=64, tokens=10, max_context=4096, room=0) == 0
     assert policy.least_loaded([(False, 3), (False, 1), (True, 0), (False, 1)]) == 1
 
 
@@ -81,3 +85,4 @@ def test_the_scheduler_calls_these_functions():
     assert target_balance.policy is policy  # want_k, through the module (the simulator's test patches it)
     for name in ("draft_deadline", "predraft_k"):
         assert getattr(drafting, name) is getattr(policy, name), name
+    assert drafting.predraft_room is rebalance.predraft_room
