@@ -24,7 +24,8 @@ Actions:
   activity where offered; otherwise a high load *and* a measured verify cost that grows with the
   tokens verified. A busy device alone is not saturated: NVML utilization counts time in which any
   kernel ran, and a memory-bound target busy all the time still verifies k + 1 tokens for the
-  price of one.
+  price of one. Whatever the level, a pre-draft takes only a drafter's spare time
+  (:func:`predraft_room`).
 * Speculation off per request (`router/speculation_switch.py`): AUTO requests stop speculating when the
   measured goodput B tau / T(B (k + 1)) (+ draft wait) says plain decoding is faster, and start
   again when speculation is faster again: speculation is never kept where it loses.
@@ -430,7 +431,7 @@ def depth_plan(level: str, k_min: int, k_max: int, cfg: RebalanceConfig) -> Dept
     return DepthPlan(k_min, k_max)
 
 
-def predraft_room(d: DrafterView | None, verify_s: float | None, target_s: float | None = None) -> int | None:
+def predraft_room(d: DrafterView | None, verify_s: float | None) -> int | None:
     """Draft steps a pre-draft may take on drafter ``d`` while its target verifies for ``verify_s``
     (None: no limit measured yet; 0: no pre-draft). A pre-draft must use the drafter's spare time:
     none on a drafter other targets draft on (their rounds would queue behind it), and no more
