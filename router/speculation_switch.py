@@ -21,25 +21,14 @@ __all__ = ["VerifyCost", "SpecJob", "pooled_acceptance", "round_goodput", "round
 
 @dataclass(frozen=True)
 class VerifyCost:
-    """Measured verify time in tokens verified: a line, t(n) = t1 + slope (n - 1) seconds (flat
-    while memory-bound, growing once compute-bound), held between the verifies ``seen`` (tokens,
-    seconds; ascending) of fewer and of more tokens: a verify costs no less than one of fewer
-    tokens and no more than one of more. Where the device computes in blocks the cost is a step,
-    which a line through it misprices on both sides (CostMeter.seen)."""
+    """Measured verify time as a line in tokens verified: t(n) = t1 + slope (n - 1) seconds (flat
+    while memory-bound, growing once compute-bound)."""
 
     t1: float
     slope: float
-    seen: tuple[tuple[int, float], ...] = ()
 
     def time(self, rows: int) -> float:
-        t = max(self.t1, self.t1 + self.slope * (rows - 1))
-        above = [s for n, s in self.seen if n >= rows]
-        below = [s for n, s in self.seen if n <= rows]
-        if above:
-            t = min(t, above[0])
-        if below:
-            t = max(t, below[-1])
-        return t
+        return max(self.t1, self.t1 + self.slope * (rows - 1))
 
 
 @dataclass(frozen=True)

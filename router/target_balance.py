@@ -170,7 +170,7 @@ class TargetBalance:
         fit = self.s.cost.line()
         if fit is None or fit[0] <= 0:
             return None
-        return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0), seen=tuple(sorted(self.s.cost.seen.items())))
+        return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0))
 
     def _spec_jobs(self, batch: list[Job], ks: list[int], now: float, free: set[int] | None = None) -> list[SpecJob]:
         """The policy's view of a round's requests (``free``: the indices it may switch; None = all)."""

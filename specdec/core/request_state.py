@@ -99,17 +99,12 @@ class CostMeter:
     flat in k only while it stays memory-bound (on 2 CPU cores it grows past ~5 tokens), so each
     draft token costs c + r; r comes from a least-squares line through recent rounds' (tokens
     verified, verify seconds), 0 until rounds of different sizes have been seen.
-    ``seen``: verify seconds by the exact number of tokens verified (EWMA per count): a verify's
-    cost is a step in the tokens where the device computes in blocks (the AMX CPU's 16-row GEMM
-    blocks: 5 rows of 3 drafts, 20 tokens, took 570-630 ms; 5 rows of 2, 15 tokens, 350 ms), which
-    no line through them shows (bench/NOTES.md, eleventh session).
     """
 
     c: float = 0.4
-    weight: float = 0.2  # of each new round, for c and for ``seen``
+    weight: float = 0.2  # of each new round, for c
     line_weight: float = 0.05  # for the lines: a longer memory, to span many sizes
     verify: LineFit = field(default=None, repr=False)  # verify seconds by tokens verified
-    seen: dict[int, float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.verify = self.verify or LineFit(self.line_weight)
@@ -120,8 +115,6 @@ class CostMeter:
             self.c += self.weight * (sample - self.c)
         if verified_tokens > 0 and verify_seconds > 0:
             self.verify.add(float(verified_tokens), verify_seconds)
-            old = self.seen.get(verified_tokens, verify_seconds)
-            self.seen[verified_tokens] = old + self.weight * (verify_seconds - old)
         return self.c
 
     def line(self) -> tuple[float, float] | None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from specdec.core.params import SamplingParams, VerifyMode
 from specdec.core.request_state import CostMeter, KPolicy, new_request
 
@@ -39,18 +37,6 @@ def test_cost_meter_fits_the_verify_cost_per_token():
             meter.update(0.04, 4, 0.2 + 0.01 * n, verified_tokens=n)
     assert abs(meter.r - 0.01 / 0.21) < 1e-3
     assert abs(meter.per_token - (meter.c + meter.r)) < 1e-12
-
-
-def test_cost_meter_keeps_each_token_counts_verify_time():
-    """A verify's cost is a step where the device computes in blocks: the meter keeps each exact
-    count's time (an EWMA of its own), which the line through all of them smooths away."""
-    meter = CostMeter(c=0.1, weight=0.5)
-    meter.update(0.07, 1, 0.35, verified_tokens=16)
-    meter.update(0.07, 2, 0.70, verified_tokens=24)
-    meter.update(0.07, 2, 0.60, verified_tokens=24)
-    assert meter.seen == {16: 0.35, 24: pytest.approx(0.65)}
-    meter.update(0.07, 1, 0.30, verified_tokens=0)  # no count: nothing kept
-    assert set(meter.seen) == {16, 24}
 
 
 def test_next_k_is_bounded_by_remaining_tokens_and_context():

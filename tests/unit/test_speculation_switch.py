@@ -62,25 +62,6 @@ def test_one_long_draft_no_longer_makes_plain_decoding_look_faster():
     assert round_k_cap(jobs, None, CFG) is None
 
 
-def test_a_verify_that_steps_at_a_block_boundary_caps_the_round_below_it():
-    """Run 11 of the accuracy protocol (bench/NOTES.md, twelfth session), the service at 0.3/s on
-    the AMX CPU: 8 rows verified 8 tokens in 340 ms, 16 in 352 ms and 24 in 695 ms (16-row GEMM
-    blocks); the drafter ~70 ms a step. A line through those prices 16 tokens at 547 ms, so the
-    round kept k 2 (24 tokens) and ran under plain decoding; priced by the counts seen, the round
-    is capped at k 1 (16 tokens, one block) and beats plain decoding by a third."""
-    line = VerifyCost(t1=0.30, slope=0.0165)
-    seen = VerifyCost(t1=0.30, slope=0.0165, seen=((8, 0.340), (16, 0.352), (24, 0.695)))
-    assert seen.time(16) == 0.352 and seen.time(24) == 0.695
-    assert seen.time(20) == pytest.approx(line.time(20))  # between two counts seen: the line, held by them
-    assert seen.time(40) == pytest.approx(line.time(40))  # above every count seen: the line, no lower than 24's
-    jobs = [SpecJob(a=0.83, k=2, draft_step_s=0.07) for _ in range(8)]
-    assert round_k_cap(jobs, line, CFG) is None
-    assert round_k_cap(jobs, seen, CFG) == 1
-    assert not any(plan_speculation(capped(jobs, 1), seen, 10.0, CFG))
-    plain = round_goodput(jobs, [True] * 8, seen)
-    assert round_goodput(jobs, [False] * 8, seen, cap=1) > 1.3 * plain > round_goodput(jobs, [False] * 8, seen)
-
-
 def test_drafts_are_priced_by_their_run_and_a_long_memory_of_queueing():
     """A Propose that queued behind a draft prefill waited several times its run; priced at that,
     one spike switched whole batches off. The price is the run per step plus the queueing over a
