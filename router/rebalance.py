@@ -188,6 +188,11 @@ class DrafterView:
         return self.slots is None or self.jobs < self.slots
 
     @property
+    def others(self) -> int:
+        """Of ``jobs``, those on other targets than the request being placed."""
+        return self.jobs - self.mates
+
+    @property
     def per_step_s(self) -> float | None:
         """Seconds each draft step adds (the device's speed, without RPC and queueing)."""
         return None if self.step_s is None else max(0.0, self.step_s - self.fixed_s / REF_K)
@@ -294,10 +299,9 @@ def _sharing(d: DrafterView) -> int:
     round waits for the slowest of the drafters its requests use, so a target whose requests
     spread over two drafters waits for both, each busy with other targets' rounds too (the
     rebalancer then lost 18 % to static pairing with equal drafters: bench/NOTES.md)."""
-    others = d.jobs - d.mates
     if d.mates:
-        return 0 if not others else 2
-    return 1 if not others else 3
+        return 0 if not d.others else 2
+    return 1 if not d.others else 3
 
 
 def assign_drafter(
@@ -437,7 +441,7 @@ def predraft_room(d: DrafterView | None, verify_s: float | None) -> int | None:
     none on a drafter other targets draft on (their rounds would queue behind it), and no more
     steps than the verify hides (past it, a miss's redraft waits for it). With both pre-drafting on
     a shared or slow drafter lost to it off: skew bench 41 against 57 tok/s (bench/NOTES.md)."""
-    if d is None or d.jobs > d.mates:
+    if d is None or d.others:
         return 0
     if verify_s is None or d.run_step_s is None or d.run_step_s <= 0:
         return None
