@@ -22,6 +22,7 @@ from specdec.core.tokenizer_spec import vocab_fingerprint
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import draft_to_proto, sequence_from_proto
 from specdec.rpc.errors import rpc_method
+from specdec.rpc.placement import device_placement
 from specdec.rpc.telemetry import WorkerMeter, report_compute
 from specdec.rpc.worker_config import WorkerConfig
 
@@ -55,6 +56,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
         self.max_k = max_k
         self.runner = getattr(drafter, "runner", None)
         self.model_name, self.dtype, self.device = model_name, dtype, device
+        self.placement = device_placement(device)  # the router compares draft and target's
         self.vocab_size, self.max_context, self.num_slots = vocab_size, max_context, num_slots
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
         self.lock = threading.Lock()
@@ -80,6 +82,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
             "free_slots": self.free_slots,
             "eos_token_ids": list(self.eos_token_ids),
             "tokenizer_fingerprint": self.tokenizer_fingerprint,
+            "placement": self.placement,
         }
 
     def _sequences(self, protos) -> list:

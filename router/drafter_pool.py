@@ -64,6 +64,7 @@ class _Drafter:
     fixed_s: float = 0.0
     run_step_s: float | None = None  # EWMA of a Propose's run per draft step, queueing excluded
     queue_s: float = 0.0  # long-memory EWMA of a Propose's wait before it ran
+    prefill_token_s: float | None = None  # EWMA of its prefill's seconds per new token
     measured_at: float = -math.inf
     waits: LineFit = field(default_factory=lambda: LineFit(_FIT_WEIGHT))  # a call's wait by its draft steps
     surprises: int = 0  # consecutive calls far off the fitted line (+ slower, - faster)
@@ -178,6 +179,8 @@ class DrafterPool:
         wall = time.perf_counter() - t_sent
         self.end(name, call, True, since=min(w.t0 for w in batch))
         self.metrics.draft_sequences.labels(name).inc(len(seqs))
+        if prefill:
+            self.observe_prefill(name, wall if compute is None else compute, prefill, max(s.k for s in seqs))
         if compute is not None and not any(w.predraft for w in batch):
             if steps > 0:
                 self.metrics.record_propose(compute, wall, len(seqs), steps)
@@ -242,23 +245,36 @@ class DrafterPool:
         d.measured_at = now
         self.metrics.drafter_step.labels(name).set(d.step_s)
 
+    def observe_prefill(self, name: str, seconds: float, tokens: int, steps: int = 0) -> None:
+        """A call that prefilled ``tokens`` new tokens ran ``seconds`` on drafter ``name`` (a
+        Prefill, or a Propose that also drafted ``steps`` steps, taken out at the measured run
+        time per step): its price per token, which the speculation switch charges a request that
+        would make its drafter catch up on a device the target shares."""
+        d = self._d.get(name)
+        seconds -= steps * (d.run_step_s or 0.0) if d is not None else 0.0
+        if d is None or tokens <= 0 or seconds <= 0:
+            return
+        per_token = seconds / tokens
+        w = self.policy.latency_weight
+        d.prefill_token_s = per_token if d.prefill_token_s is None else (1 - w) * d.prefill_token_s + w * per_token
+
     def measurements(self, now: float) -> dict[str, tuple]:
         """Each drafter's measured wait line and run time as (step_s, fixed_s, age_s, fit, calls,
-        run_step_s, queue_s): what the pool knows of its drafters beyond any request (the capacity
-        simulator carries it from one run to the next, as one router serves a benchmark's scenarios
-        one after the other)."""
+        run_step_s, queue_s, prefill_token_s): what the pool knows of its drafters beyond any
+        request (the capacity simulator carries it from one run to the next, as one router serves a
+        benchmark's scenarios one after the other)."""
         return {
-            n: (d.step_s, d.fixed_s, now - d.measured_at, d.waits, d.calls, d.run_step_s, d.queue_s)
+            n: (d.step_s, d.fixed_s, now - d.measured_at, d.waits, d.calls, d.run_step_s, d.queue_s, d.prefill_token_s)
             for n, d in self._d.items()
         }
 
     def restore(self, measured: dict[str, tuple], now: float) -> None:
         """Take over :meth:`measurements` of the same drafters, taken ``age_s`` before ``now``."""
-        for name, (step_s, fixed_s, age_s, fit, calls, run_step_s, queue_s) in measured.items():
+        for name, (step_s, fixed_s, age_s, fit, calls, run_step_s, queue_s, prefill_s) in measured.items():
             d = self._d.get(name)
             if d is not None:
                 d.step_s, d.fixed_s, d.measured_at, d.waits, d.calls = step_s, fixed_s, now - age_s, fit, calls
-                d.run_step_s, d.queue_s = run_step_s, queue_s
+                d.run_step_s, d.queue_s, d.prefill_token_s = run_step_s, queue_s, prefill_s
 
     def set_late(self, name: str, task: asyncio.Task) -> None:
         d = self._d.get(name)
@@ -274,6 +290,7 @@ class DrafterPool:
         if d.client.restarts != d.restarts:  # a new process: what was measured is of the old one
             d.restarts = d.client.restarts
             d.step_s, d.fixed_s, d.measured_at, d.calls, d.surprises = None, 0.0, -math.inf, 0, 0
+            d.prefill_token_s = None
         step, age = d.step_s, now - d.measured_at
         if step is not None:  # a call running past its expected time says the drafter is slower now
             for t0, steps in d.running.values():
@@ -295,6 +312,8 @@ class DrafterPool:
             jobs=len(d.jobs),
             slots=slots,
             mates=sum(t == target for t in d.jobs.values()) if target is not None else 0,
+            prefill_token_s=d.prefill_token_s,
+            placement=getattr(c.info, "placement", "") if c.info is not None else "",
         )
 
     def view_of(self, name: str, target: str | None = None) -> DrafterView | None:

@@ -312,9 +312,11 @@ class DraftSource:
         call = self.pool.begin(name, 0)
         try:
             async with client.lock:
+                t0 = time.perf_counter()
                 _, compute = await client.call_timed(
                     "Prefill", worker_pb2.PrefillRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
                 )
+                self.pool.observe_prefill(name, time.perf_counter() - t0 if compute is None else compute, new_tokens)
             if compute is not None:
                 self.metrics.record_draft_prefill(compute, new_tokens)
         except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:  # the first Propose caches the prompt itself

@@ -87,3 +87,7 @@ class Job:
     @property
     def mode(self) -> VerifyMode:
         return self.state.mode
+
+    def fed_to(self, drafter: str) -> int:
+        """Tokens of it ``drafter`` was sent (and holds, while it keeps the slot)."""
+        return self.draft_fed.get(drafter, 0)

@@ -168,6 +168,8 @@ class DrafterView:
     load: device load share from telemetry (DeviceSample.load), None = unknown.
     jobs / slots: requests it drafts for, and its KV slots (None = unbounded, e.g. n-gram).
     mates: of ``jobs``, those on the same target as the request being placed.
+    prefill_token_s: measured seconds per token of its prefill (EWMA); None = not measured.
+    placement: where it computes (WorkerInfo.placement); a target with the same one shares its device.
     """
 
     name: str
@@ -182,6 +184,8 @@ class DrafterView:
     jobs: int = 0
     slots: int | None = None
     mates: int = 0
+    prefill_token_s: float | None = None
+    placement: str = ""
 
     @property
     def has_room(self) -> bool:

@@ -40,7 +40,11 @@ class SpecJob:
     off now; changed_at: when it was last switched; draft_step_s / draft_fixed_s: what a draft of
     k steps costs on its drafter, draft_fixed_s + k x draft_step_s, queueing included (0 = drafted
     locally, e.g. n-gram): the round waits for the slowest of its drafts. guessed: the draft
-    cost is a guess (router.rebalance.is_guess), not a fresh measurement.
+    cost is a guess (router.rebalance.is_guess), not a fresh measurement. owed_s: the seconds of
+    the target's device its drafter needs, once, to catch up on tokens it lacks (a new request's
+    prompt, or what it decoded switched off) where the drafter shares the target's device (0:
+    nothing owed, or the drafter has its own); left: tokens it may still generate (its one-time
+    cost is spread over the rounds it has left).
     """
 
     a: float
@@ -51,6 +55,8 @@ class SpecJob:
     draft_step_s: float = 0.0
     draft_fixed_s: float = 0.0
     guessed: bool = False
+    owed_s: float = 0.0
+    left: int = 0
 
 
 def pooled_acceptance(
@@ -71,15 +77,19 @@ def pooled_acceptance(
 def round_goodput(jobs: Sequence[SpecJob], off: Sequence[bool], cost: VerifyCost, cap: int | None = None) -> float:
     """Tokens per second of one round: B tau / T(B (k + 1)) with per-request a and k (at most
     ``cap``), T = the verify time of all rows plus the wait for the slowest draft (draft_fixed_s +
-    draft_step_s x k)."""
-    tokens, rows, wait = 0.0, 0, 0.0
+    draft_step_s x k) plus each speculating request's share of what its drafter owes the shared
+    device (owed_s over the rounds it has left)."""
+    tokens, rows, wait, owed = 0.0, 0, 0.0, 0.0
     for j, o in zip(jobs, off):
         k = 0 if o else j.k if cap is None else min(j.k, cap)
-        tokens += expected_tokens(min(max(j.a, 0.0), 1.0), k)
+        tau = expected_tokens(min(max(j.a, 0.0), 1.0), k)
+        tokens += tau
         rows += k + 1
         if k > 0:
             wait = max(wait, j.draft_fixed_s + j.draft_step_s * k)
-    return tokens / (cost.time(rows) + wait)
+            if j.owed_s > 0:
+                owed += j.owed_s / max(1.0, j.left / tau)
+    return tokens / (cost.time(rows) + wait + owed)
 
 
 def capped(jobs: Sequence[SpecJob], cap: int | None) -> list[SpecJob]:
@@ -111,17 +121,17 @@ def round_k_cap(jobs: Sequence[SpecJob], cost: VerifyCost | None, cfg: Rebalance
 
 
 def plan_speculation(jobs: Sequence[SpecJob], cost: VerifyCost | None, now: float, cfg: RebalanceConfig) -> list[bool]:
-    """New off flags for a round's requests: AUTO requests switch off, lowest acceptance first, as
-    long as that raises the round's goodput. A plan with more requests off than now needs a gain of
-    ``spec_off_margin``, one with fewer ``spec_on_margin``; a request switched less than
-    ``spec_cooldown_s`` ago keeps its state."""
+    """New off flags for a round's requests: AUTO requests switch off, those whose drafter would
+    have to catch up first, then lowest acceptance first, as long as that raises the round's
+    goodput. A plan with more requests off than now needs a gain of ``spec_off_margin``, one with
+    fewer ``spec_on_margin``; a request switched less than ``spec_cooldown_s`` ago keeps its state."""
     current = [j.off for j in jobs]
     if cost is None or not jobs:
         return current
     free = [i for i, j in enumerate(jobs) if j.auto and j.k > 0 and now - j.changed_at >= cfg.spec_cooldown_s]
     if not free:
         return current
-    order = sorted(free, key=lambda i: (jobs[i].a, i))
+    order = sorted(free, key=lambda i: (jobs[i].owed_s == 0, jobs[i].a, i))  # off first: owing a catch-up
     best, best_g = current, round_goodput(jobs, current, cost)
     g_now = best_g
     for m in range(len(order) + 1):

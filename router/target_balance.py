@@ -18,6 +18,7 @@ from router.jobs import Job
 from router.rebalance import (
     DepthPlan,
     DepthState,
+    DrafterView,
     TargetView,
     depth_plan,
     is_guess,
@@ -177,10 +178,13 @@ class TargetBalance:
         acceptance = pooled_acceptance([self._evidence(j) for j in batch], self.pool)
         pool = self.s.drafting.pool
         views = {v.name: v for v in pool.views(now) if v.up} if pool is not None else {}
+        info = self.s.target.info
+        here = getattr(info, "placement", "") if info is not None else ""
         jobs = []
         for i, (j, k, a) in enumerate(zip(batch, ks, acceptance)):
             d = priced_drafter(j.drafter, views, self.cfg) if j.spec == "draft" else None
             fixed, step = d.price() if d is not None else (0.0, 0.0)
+            st = j.state
             jobs.append(
                 SpecJob(
                     a=a,
@@ -191,9 +195,21 @@ class TargetBalance:
                     draft_step_s=step,
                     draft_fixed_s=fixed,
                     guessed=j.spec == "draft" and is_guess(d, self.cfg),
+                    owed_s=self._owed(j, d, here),
+                    left=st.params.max_tokens - len(st.generated),
                 )
             )
         return jobs
+
+    def _owed(self, job: Job, d: DrafterView | None, here: str) -> float:
+        """Seconds of this target's device that ``job``'s drafter ``d`` needs to catch up on the
+        tokens it lacks, when it computes on the same device (``here``: the target's placement) and
+        its prefill is measured; 0 otherwise (a drafter with its own device prefills off the
+        target's path, and the pool's queueing prices what it delays there)."""
+        if d is None or d.prefill_token_s is None or not here or d.placement != here:
+            return 0.0
+        lacking = len(job.state.tokens) - job.fed_to(d.name)
+        return lacking * d.prefill_token_s if lacking > self.s.cfg.k_policy.k_max + 1 else 0.0
 
     def _decided(self) -> bool:
         return self.cfg.enabled and sum(self.pool) >= self.cfg.spec_min_evidence

@@ -25,6 +25,7 @@ from specdec.core.tokenizer_spec import TokenizerSpec, export_tokenizer
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import WireSequence, draft_from_proto, outcome_to_proto, sequence_from_proto
 from specdec.rpc.errors import RpcStatusError, rpc_method
+from specdec.rpc.placement import device_placement
 from specdec.rpc.telemetry import WorkerMeter, report_compute
 from specdec.rpc.worker_config import WorkerConfig
 
@@ -60,6 +61,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         self.runner = verifier.runner
         self.tokenizer = tokenizer
         self.model_name, self.dtype, self.device = model_name, dtype, device
+        self.placement = device_placement(device)  # the router compares draft and target's
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
         self.lock = threading.Lock()  # one model, one forward at a time
         self._tok_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
@@ -110,6 +112,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             "eos_token_ids": list(self.eos_token_ids),
             "has_chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
             "tokenizer_fingerprint": self.tokenizer_spec.fingerprint,
+            "placement": self.placement,
         }
 
     # ---- RPCs --------------------------------------------------------------------------------

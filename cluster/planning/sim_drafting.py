@@ -43,7 +43,6 @@ class SimDrafting:
         """The drafters cache the same prompt chunks, unawaited, in one Prefill per drafter (not a
         prompt's last chunk: that one goes with the first Propose; nothing for a request that starts
         switched off)."""
-        sim = self.sim
         new: dict[str, int] = {}
         for j in chunks:
             if j.spec != "draft" or j.spec_off or plan[j.key] >= j.state.prefill_total:
@@ -55,8 +54,14 @@ class SimDrafting:
             new[name] = new.get(name, 0) + plan[j.key] - j.draft_cached
             j.draft_cached = plan[j.key]
         for name, tokens in new.items():
-            call = self.drafters[name].submit(sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(tokens))
-            self.prefills.append((call, tokens))
+            self._prefill(name, tokens)
+
+    def _prefill(self, name: str, tokens: int) -> None:
+        """One draft Prefill of ``tokens`` new tokens on ``name``, unawaited; the pool prices it."""
+        sim = self.sim
+        call = self.drafters[name].submit(sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(tokens))
+        call.on_done(lambda: sim.pool.observe_prefill(name, call.end - call.start - sim.costs.draft_rpc_s, tokens))
+        self.prefills.append((call, tokens))
 
     def prefill_split(self) -> dict[str, float]:
         """The split's draft prefill fields, as bench serve scrapes the service's: the Prefills (calls,
@@ -90,8 +95,7 @@ class SimDrafting:
         if not j.state.generated or new <= sim.P.cfg.k_policy.k_max + 1:
             return False
         j.drafters.add(name)
-        call = self.drafters[name].submit(sim.costs.draft_rpc_s + sim.costs.draft_prefill_s(new))
-        self.prefills.append((call, new))
+        self._prefill(name, new)
         j.draft_cached = len(j.state.tokens)
         return True
 
@@ -113,7 +117,13 @@ class SimDrafting:
         call = d.submit(dur)
         if catch_up and not predraft:
             self.prefilling.append((call, catch_up, len(jobs), k))
-        call.on_done(lambda: sim.pool.end(name, measured, True, since=t_req, started=call.start))
+
+        def done() -> None:
+            sim.pool.end(name, measured, True, since=t_req, started=call.start)
+            if catch_up:
+                sim.pool.observe_prefill(name, call.end - call.start - sim.costs.draft_rpc_s, catch_up, k)
+
+        call.on_done(done)
         return call
 
     def drafts(self, g: Group, batch: list[Job], ks: list[int]) -> Generator:

@@ -164,7 +164,8 @@ class SimClient:
 
     @property
     def info(self) -> Any:
-        return SimpleNamespace(num_slots=self.slots)
+        # workers on one simulated device (a colocated drafter and its target) share a placement
+        return SimpleNamespace(num_slots=self.slots, placement=f"sim/{id(self.worker.device)}")
 
     def submit(self, work: float, at: float | None = None) -> Call:
         """Send a call of ``work`` seconds to its worker, now or at time ``at``."""
@@ -223,6 +224,10 @@ class Job:
     spec_off: bool = False
     spec_changed_at: float = -math.inf
     spec_planned: bool = False
+
+    def fed_to(self, drafter: str) -> int:
+        """router Job.fed_to: tokens of it ``drafter`` holds (only its current one holds any)."""
+        return self.draft_cached if drafter == self.drafter else 0
 
 
 @dataclass

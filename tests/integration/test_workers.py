@@ -9,6 +9,7 @@ single-process SpecEngine token for token (greedy, seeded invariant and seeded r
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,8 @@ def test_info_and_tokenize(workers, reference):
     assert t.free_slots == TARGET_SLOTS and t.vocab_size == 259 and list(t.eos_token_ids) == sorted(reference["eos"])
     assert (d.role, d.num_slots, d.free_slots, d.vocab_size) == ("draft", 4, 4, 259)
     assert t.has_chat_template is False and d.has_chat_template is False
+    # two CPU workers of one host share its cores: the router charges the target the draft's prefill
+    assert t.placement == d.placement == f"{socket.gethostname()}/cpu"
     ids = workers.target.stub.Tokenize(worker_pb2.TokenizeTextRequest(text=PROMPT), timeout=10).token_ids
     assert list(ids) == reference["prompt"]
     code, msg = code_of(lambda: workers.target.stub.Tokenize(worker_pb2.TokenizeTextRequest(text="hi", chat=True)))

@@ -188,6 +188,28 @@ def test_goodput_formula():
     assert math.isclose(round_goodput(jobs, [True, True], STEEP), 2 / (STEEP.t1 + STEEP.slope))
 
 
+def test_a_draft_prefill_on_the_targets_device_is_charged_once_over_the_rounds_a_request_has_left():
+    """Run 11 of the accuracy protocol (bench/NOTES.md, twelfth session): under a burst of 32-token
+    requests each new request's draft prefill (~0.5 s on the two cores the target verifies on) was
+    charged to no one, and AUTO ran at 0.89x plain decoding. New requests whose drafter owes the
+    shared device their prompt stay off when their outputs are short (speculating pays per round,
+    not enough to repay the prefill), and speculate when their outputs are long enough to repay
+    it; with nothing owed they speculate. Requests that owe are switched off first."""
+    verify = VerifyCost(t1=0.1, slope=0.002)
+    running = [SpecJob(a=0.6, k=2, draft_step_s=0.005) for _ in range(4)]
+    new = SpecJob(a=0.6, k=2, draft_step_s=0.005, owed_s=0.5, left=32)
+    assert plan_speculation(running + [dataclasses.replace(new, owed_s=0.0)] * 4, verify, 10.0, CFG) == [False] * 8
+    assert plan_speculation(running + [new] * 4, verify, 10.0, CFG) == [False] * 4 + [True] * 4
+    assert plan_speculation([*running, new], verify, 10.0, CFG) == [False] * 4 + [True]  # owing: off first
+    assert plan_speculation(running + [dataclasses.replace(new, left=2000)] * 4, verify, 10.0, CFG) == [False] * 8
+    # the formula: the owed seconds over the rounds it has left (left / tau), at least one round
+    tau = expected_tokens(0.6, 2)
+    t = verify.time(3) + 0.01
+    assert math.isclose(round_goodput([new], [False], verify), tau / (t + 0.5 * tau / 32))
+    assert math.isclose(round_goodput([dataclasses.replace(new, left=1)], [False], verify), tau / (t + 0.5))
+    assert round_goodput([new], [True], verify) == 1 / verify.t1  # off: nothing owed
+
+
 def test_no_spec_flapping_on_a_noisy_cost_trace():
     rng = random.Random(5)
     jobs = [SpecJob(a=0.6, k=4) for _ in range(8)]

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 
 import pytest
 
 from specdec.rpc.fake_nvml import FakeNvml
 from specdec.rpc.nvml import NvmlDevice, physical_index
+from specdec.rpc.placement import device_placement
 from specdec.rpc.telemetry import (
     DeviceSample,
     TelemetryConfig,
@@ -183,3 +185,15 @@ def test_router_metrics_series_from_a_sample():
     rec.power_w = None  # the call failed this time: the series goes away rather than lying
     m.record_device("draft-0", "draft", rec)
     assert m.sample("specdec_device_power_watts", lab) is None
+
+
+def test_a_placement_names_the_host_and_the_physical_device():
+    """Two workers share a device when their placements are equal (the router then charges the
+    target its drafter's prefill): every CPU worker of a host shares its cores, and two GPU workers
+    share one GPU even where CUDA_VISIBLE_DEVICES numbers it differently in each process."""
+    host = socket.gethostname()
+    assert device_placement("cpu") == f"{host}/cpu"
+    assert device_placement("cuda:0", visible="3,1") == device_placement("cuda:1", visible="2,3") == f"{host}/gpu3"
+    assert device_placement("cuda:0", visible="1") != device_placement("cuda:0", visible="3")
+    assert device_placement("cuda", visible="GPU-8f2e") == f"{host}/GPU-8f2e"
+    assert device_placement("cuda:0", visible="") == f"{host}/gpu0"
