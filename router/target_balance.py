@@ -31,6 +31,7 @@ from router.speculation_switch import (
     capped,
     plan_speculation,
     pooled_acceptance,
+    round_goodput,
     round_k_cap,
 )
 from specdec.core.prefill_plan import round_budget
@@ -228,7 +229,9 @@ class TargetBalance:
             return
         now = self.clock()
         jobs = self._spec_jobs(running, ks, now, free=new)
-        flags = plan_speculation(capped(jobs, round_k_cap(jobs, cost, self.cfg)), cost, now, self.cfg)
+        jobs = capped(jobs, round_k_cap(jobs, cost, self.cfg))
+        flags = plan_speculation(jobs, cost, now, self.cfg)
+        self._log_view("start", jobs, flags, cost)
         starting_off = [running[i] for i in sorted(new) if flags[i]]
         for j in starting_off:
             j.spec_off, j.spec_changed_at = True, now
@@ -243,6 +246,20 @@ class TargetBalance:
                 1000 * cost.t1,
                 1000 * cost.slope,
             )
+
+    def _log_view(self, what: str, jobs: list[SpecJob], flags: list[bool], cost: VerifyCost | None) -> None:
+        """The switch's view of a round (or of the batch new requests join) at DEBUG: what it
+        believes a verify, each draft and each catch-up cost, and the goodput it compares."""
+        if cost is None or not log.isEnabledFor(logging.DEBUG):
+            return
+        log.debug(
+            "speculation view (%s) on %s: verify %.1f ms + %.2f ms/token; goodput %.2f tok/s as planned, %.2f all "
+            "off; acceptance %s; drafts %s ms; owed %s ms over %s tokens left",
+            what, self.s.target.name, 1000 * cost.t1, 1000 * cost.slope, round_goodput(jobs, flags, cost),
+            round_goodput(jobs, [j.auto or j.off for j in jobs], cost), [round(j.a, 2) for j in jobs],
+            [round(1000 * (j.draft_fixed_s + j.draft_step_s * j.k)) for j in jobs],
+            [round(1000 * j.owed_s) for j in jobs], [j.left for j in jobs],
+        )  # fmt: skip
 
     def _note_cap(self, cap: int | None, jobs: list[SpecJob], cost: VerifyCost | None) -> None:
         """Count every capped round; log (debug: it follows each round's mix) when rounds start or
@@ -274,6 +291,7 @@ class TargetBalance:
         jobs = capped(jobs, cap)
         ks = [j.k for j in jobs]
         flags = plan_speculation(jobs, cost, now, self.cfg)  # unchanged without a measured cost
+        self._log_view("round", jobs, flags, cost)
         changed = [(j, off) for j, off in zip(batch, flags) if off != j.spec_off]
         for j, off in changed:
             j.spec_off, j.spec_changed_at = off, now
