@@ -245,10 +245,15 @@ def priced_drafter(own: str | None, views: dict[str, DrafterView], cfg: Rebalanc
 
 
 def guessed_price(v: DrafterView, cfg: RebalanceConfig) -> DrafterView:
-    """A measurement ``age_s`` old, priced at half its cost for every ``stale_s`` past ``stale_s``."""
+    """A measurement ``age_s`` old, priced at half its cost for every ``stale_s`` past ``stale_s``
+    (its prefill price too: one measured while the drafter was slow must not keep a request that
+    would catch it up off for good)."""
     f = 0.5 ** (max(0.0, v.age_s - cfg.stale_s) / cfg.stale_s)
     run = v.run_step_s * f if v.run_step_s is not None else None
-    return dataclasses.replace(v, step_s=v.step_s * f, fixed_s=v.fixed_s * f, run_step_s=run, queue_s=v.queue_s * f)
+    prefill = v.prefill_token_s * f if v.prefill_token_s is not None else None
+    return dataclasses.replace(
+        v, step_s=v.step_s * f, fixed_s=v.fixed_s * f, run_step_s=run, queue_s=v.queue_s * f, prefill_token_s=prefill
+    )
 
 
 def is_guess(v: DrafterView | None, cfg: RebalanceConfig) -> bool:
