@@ -111,6 +111,9 @@ def test_a_stale_slow_draft_measurement_does_not_keep_speculation_off():
     assert plan(views) == [True]  # off: a 317 ms draft step does not pay at a = 0.76
     guess = priced_drafter("d0", aged(CFG.stale_s + 1), CFG)
     assert is_guess(guess, CFG) and guess.step_s == pytest.approx(0.317 * 0.5 ** (1 / CFG.stale_s))
+    # its prefill price, measured as slow, ages with it (else what a switched-off request owes keeps it off)
+    slow_prefill = {"d0": dataclasses.replace(views["d0"], age_s=3 * CFG.stale_s, prefill_token_s=0.03)}
+    assert priced_drafter("d0", slow_prefill, CFG).prefill_token_s == pytest.approx(0.03 * 0.25)
     assert plan(aged(CFG.stale_s + 1)) == [True]  # a guess still too dear: stays off
     assert plan(aged(3 * CFG.stale_s)) == [False]  # a quarter of it pays: back on (a probe)
     assert priced_drafter("d0", {"d0": DrafterView("d0")}, CFG) is None  # never measured: free
