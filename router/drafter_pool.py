@@ -251,8 +251,10 @@ class DrafterPool:
         time per step): its price per token, which the speculation switch charges a request that
         would make its drafter catch up on a device the target shares."""
         d = self._d.get(name)
-        seconds -= steps * (d.run_step_s or 0.0) if d is not None else 0.0
-        if d is None or tokens <= 0 or seconds <= 0:
+        if d is None or tokens <= 0:
+            return
+        seconds -= steps * (d.run_step_s or 0.0)
+        if seconds <= 0:
             return
         per_token = seconds / tokens
         w = self.policy.latency_weight
@@ -298,7 +300,8 @@ class DrafterPool:
                     step, age = (now - t0) / steps, 0.0
         c = d.client
         tel = getattr(c, "telemetry", None)
-        slots = int(c.info.num_slots) if c.info is not None and c.info.num_slots > 0 else None
+        info = c.info  # the simulator's is built on each read
+        slots = int(info.num_slots) if info is not None and info.num_slots > 0 else None
         return DrafterView(
             name=c.name,
             up=c.up and c.name not in self.draining,
@@ -313,7 +316,7 @@ class DrafterPool:
             slots=slots,
             mates=sum(t == target for t in d.jobs.values()) if target is not None else 0,
             prefill_token_s=d.prefill_token_s,
-            placement=getattr(c.info, "placement", "") if c.info is not None else "",
+            placement=getattr(info, "placement", ""),
         )
 
     def view_of(self, name: str, target: str | None = None) -> DrafterView | None:

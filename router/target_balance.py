@@ -179,13 +179,11 @@ class TargetBalance:
         acceptance = pooled_acceptance([self._evidence(j) for j in batch], self.pool)
         pool = self.s.drafting.pool
         views = {v.name: v for v in pool.views(now) if v.up} if pool is not None else {}
-        info = self.s.target.info
-        here = getattr(info, "placement", "") if info is not None else ""
+        here = getattr(self.s.target.info, "placement", "")
         jobs = []
         for i, (j, k, a) in enumerate(zip(batch, ks, acceptance)):
             d = priced_drafter(j.drafter, views, self.cfg) if j.spec == "draft" else None
             fixed, step = d.price() if d is not None else (0.0, 0.0)
-            st = j.state
             jobs.append(
                 SpecJob(
                     a=a,
@@ -197,7 +195,7 @@ class TargetBalance:
                     draft_fixed_s=fixed,
                     guessed=j.spec == "draft" and is_guess(d, self.cfg),
                     owed_s=self._owed(j, d, here),
-                    left=st.params.max_tokens - len(st.generated),
+                    left=j.state.params.max_tokens - len(j.state.generated),
                 )
             )
         return jobs
