@@ -83,6 +83,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
             "eos_token_ids": list(self.eos_token_ids),
             "tokenizer_fingerprint": self.tokenizer_fingerprint,
             "placement": self.placement,
+            "evicted": getattr(getattr(self.drafter, "slots", None), "evicted", 0),  # n-gram: no slots
         }
 
     def _sequences(self, protos) -> list:

@@ -163,6 +163,7 @@ class DrafterPool:
                 w.started.append(True)  # the call reaches the worker now (before: only queued here)
         call = self.begin(name, steps)
         t_sent = time.perf_counter()  # inside the client lock: no other Propose or Prefill runs on it
+        queued = self.clock() - min(w.t0 for w in batch)
         try:
             resp, compute = await d.client.call_timed(
                 "Propose", worker_pb2.ProposeRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
@@ -178,6 +179,12 @@ class DrafterPool:
             return
         wall = time.perf_counter() - t_sent
         self.end(name, call, True, since=min(w.t0 for w in batch))
+        log.debug(
+            "propose on %s: %d rows, %d steps, %d new tokens%s; queued %.0f ms, ran %.0f ms (computed %s)",
+            name, len(seqs), max(s.k for s in seqs), prefill, " (pre-draft)" if any(w.predraft for w in batch) else "",
+            1e3 * queued, 1e3 * wall,
+            "-" if compute is None else f"{1e3 * compute:.0f}",
+        )  # fmt: skip
         self.metrics.draft_sequences.labels(name).inc(len(seqs))
         if prefill:
             self.observe_prefill(name, wall if compute is None else compute, prefill, max(s.k for s in seqs))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -38,6 +38,11 @@ from specdec.rpc.convert import draft_from_proto, sequence_to_proto
 log = logging.getLogger(__name__)
 
 __all__ = ["DraftSource"]
+
+
+async def _after(task: asyncio.Task, then: Callable[[], Awaitable]) -> None:
+    await asyncio.wait([task])
+    await then()
 
 
 class DraftSource:
@@ -84,7 +89,7 @@ class DraftSource:
         assert self.pool is not None
         name = self.pool.assign(job, self.home, self.name)
         if job.moved_from is not None:  # free the slot it left (again at the end: a late call may re-create it)
-            self.spawn(self._release_on(job.moved_from, [job.key], pd or job.predraft))
+            self._release_on(job.moved_from, [job.key], pd or job.predraft)
         return name
 
     async def propose(
@@ -316,7 +321,12 @@ class DraftSource:
                 _, compute = await client.call_timed(
                     "Prefill", worker_pb2.PrefillRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
                 )
-                self.pool.observe_prefill(name, time.perf_counter() - t0 if compute is None else compute, new_tokens)
+                wall = time.perf_counter() - t0
+                self.pool.observe_prefill(name, wall if compute is None else compute, new_tokens)
+            log.debug(
+                "draft prefill on %s: %d rows, %d new tokens; ran %.0f ms (computed %s)",
+                name, len(seqs), new_tokens, 1e3 * wall, "-" if compute is None else f"{1e3 * compute:.0f}",
+            )  # fmt: skip
             if compute is not None:
                 self.metrics.record_draft_prefill(compute, new_tokens)
         except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:  # the first Propose caches the prompt itself
@@ -324,19 +334,20 @@ class DraftSource:
         finally:
             self.pool.end(name, call, False)
 
-    async def _release_on(self, name: str, keys: list[str], pd: PreDraft | None = None) -> None:
-        if pd is not None and pd.drafter == name and not pd.task.done():
-            await asyncio.wait([pd.task])  # it would re-create the slot
+    def _release_on(self, name: str, keys: list[str], pd: PreDraft | None = None) -> Awaitable | None:
+        """Free ``keys``' slots on drafter ``name``: started now (WorkerClient.release), or once a
+        pre-draft still running there is done (it would re-create the slot); None: not in the pool."""
         client = self.pool.client(name) if self.pool is not None else None
-        if client is not None:
-            await client.release(keys)
+        if client is None:
+            return None
+        if pd is not None and pd.drafter == name and not pd.task.done():
+            return self.spawn(_after(pd.task, lambda: client.release(keys)))
+        return client.release(keys)
 
-    async def release(self, job: Job) -> None:
-        """Free the job's draft slots on every drafter it used (after any pre-draft for it has
-        finished: it would re-create the slot)."""
+    def release(self, job: Job) -> list[Awaitable]:
+        """Free the job's draft slots on every drafter it used, started now (see :meth:`_release_on`)."""
         pd, job.predraft = job.predraft, None
-        if pd is not None and not pd.task.done():
-            await asyncio.wait([pd.task])
-        if self.pool is not None:
-            self.pool.forget(job)
-            await asyncio.gather(*(self._release_on(name, [job.key]) for name in job.drafters))
+        if self.pool is None:
+            return []
+        self.pool.forget(job)
+        return [r for name in job.drafters if (r := self._release_on(name, [job.key], pd)) is not None]

@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -71,6 +71,10 @@ __all__ = ["Chunk", "Job", "TargetScheduler", "QueueFull"]
 
 def _rpc_error(exc: grpc.aio.AioRpcError) -> RpcStatusError:
     return RpcStatusError(exc.code(), exc.details() or "the target refused a prompt chunk")
+
+
+async def _all(*started: Awaitable) -> None:
+    await asyncio.gather(*started)
 
 
 class TargetScheduler:
@@ -347,7 +351,7 @@ class TargetScheduler:
         t1 = time.monotonic()
         outcomes, compute = await self.link.verify(items)
         t2 = time.monotonic()
-        self.balance.log_round(batch, ks, [len(d.tokens) for d in drafts], draft_wait, t2 - t1)
+        self.balance.log_round(batch, ks, [len(d.tokens) for d in drafts], draft_wait, t2 - t1, compute)
         if not any(isinstance(o, BaseException) for o in outcomes):
             dt = t2 - t1
             self.drafting.observe_verify(dt)
@@ -417,10 +421,8 @@ class TargetScheduler:
         if job in self.running:
             self.running.remove(job)
             self.metrics.running.dec()
-        self._spawn(self._release(job))
-
-    async def _release(self, job: Job) -> None:
-        await asyncio.gather(self.target.release([job.key]), self.drafting.release(job))
+        # Started here, not in a task of their own: the next round's calls wait for them (WorkerClient.release).
+        self._spawn(_all(self.target.release([job.key]), *self.drafting.release(job)))
 
     def _finish(
         self, job: Job, finish_reason: str | None, committed: list[int] | None = None, *, outcome: str | None = None

@@ -64,19 +64,27 @@ class TargetBalance:
             self.pool = (0.997 * acc + accepted, 0.997 * rej + (1.0 if accepted < drafted else 0.0))
 
     def log_round(
-        self, batch: list[Job], ks: list[int], drafted: list[int], draft_wait: float, verify_s: float
+        self,
+        batch: list[Job],
+        ks: list[int],
+        drafted: list[int],
+        draft_wait: float,
+        verify_s: float,
+        compute_s: float | None = None,
     ) -> None:
         """One round at DEBUG: each request as p<prompt tokens>@<tokens generated>:k<asked>/d<drafted>,
-        the cost meter's c and r, the draft wait and the verify. The simulator logs its rounds here
-        too, so a service's trace and a simulation's compare line by line."""
+        the cost meter's c and r, the draft wait and the verify (with the worker's own compute time
+        when it reports one). The simulator logs its rounds here too, so a service's trace and a
+        simulation's compare line by line."""
         if log.isEnabledFor(logging.DEBUG):
             rows = " ".join(
                 f"p{len(j.state.prompt_ids)}@{len(j.state.generated)}:k{k}/d{d}" for j, k, d in zip(batch, ks, drafted)
             )
             c = self.s.cost
+            computed = "" if compute_s is None else f" (computed {1e3 * compute_s:.0f})"
             log.debug(
-                "round on %s: %s; c %.3f r %.3f; draft wait %.0f ms, verify %.0f ms",
-                self.s.target.name, rows, c.c, c.r, 1e3 * draft_wait, 1e3 * verify_s,
+                "round on %s: %s; c %.3f r %.3f; draft wait %.0f ms, verify %.0f ms%s",
+                self.s.target.name, rows, c.c, c.r, 1e3 * draft_wait, 1e3 * verify_s, computed,
             )  # fmt: skip
 
     def prefill_budget(self, batch: list[Job]) -> int:

@@ -125,6 +125,7 @@ class WorkerClient:
         self.down_since: float | None = None  # time.monotonic() when it went down
         self.last_recovery_s: float | None = None  # how long its last recovery took (for RetryInfo)
         self.lock = asyncio.Lock()  # batch RPCs (Propose / Verify) go one at a time
+        self._releasing: set[asyncio.Task] = set()  # Release calls in flight: later calls wait for them
         self._recovery: asyncio.Task | None = None
         self._closed = False
         self._auth_warned = False
@@ -249,6 +250,8 @@ class WorkerClient:
     async def call_timed(self, method: str, request: Any, timeout: float) -> tuple[Any, float | None]:
         """:meth:`call`, also returning the worker's own compute time when it reports one in the
         trailing metadata (``specdec-compute-seconds``), else None."""
+        if self._releasing and method != "Release":
+            await asyncio.wait(tuple(self._releasing))
         if self.stub is None or not self.up:
             raise WorkerUnavailable(f"{self.role} worker {self.name} is down")
         address = self.address
@@ -274,10 +277,22 @@ class WorkerClient:
                 ) from None
             raise
 
-    async def release(self, request_ids: list[str]) -> None:
-        """Free KV slots (best effort: a worker that is down has lost them anyway)."""
+    def release(self, request_ids: list[str]) -> asyncio.Future:
+        """Free KV slots (best effort: a worker that is down has lost them anyway). The call starts
+        now, and every call made after this one waits for it: a worker with every slot taken places
+        a new request by evicting its least recently used one, a running request whenever the one
+        that finished was not the oldest of its batch, and that request's next call then recomputes
+        its whole context (seconds on a CPU: bench/NOTES.md, fourteenth session)."""
         if not request_ids or not self.up:
-            return
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        task = asyncio.get_running_loop().create_task(self._release(request_ids))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+        return task
+
+    async def _release(self, request_ids: list[str]) -> None:
         try:
             await self.call("Release", worker_pb2.ReleaseRequest(request_ids=request_ids), timeout=10.0)
         except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:

@@ -113,6 +113,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             "has_chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
             "tokenizer_fingerprint": self.tokenizer_spec.fingerprint,
             "placement": self.placement,
+            "evicted": self.verifier.slots.evicted,
         }
 
     # ---- RPCs --------------------------------------------------------------------------------

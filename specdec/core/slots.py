@@ -27,6 +27,7 @@ class SlotTable:
         self.runner = runner
         self.on_free = on_free
         self._slots: OrderedDict[str, int] = OrderedDict()  # oldest use first
+        self.evicted = 0  # caches evicted to place a new request (WorkerInfo.evicted)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -53,6 +54,7 @@ class SlotTable:
                 raise SlotsExhausted(f"all {self.runner.num_slots} KV-cache slots are in use by this batch")
             log.debug("evicting the idle cache of %s for %s", victim, request_id)
             self.release(victim)
+            self.evicted += 1
         self._slots[request_id] = self.runner.alloc_slot()
         return self._slots[request_id], True
 

@@ -121,6 +121,7 @@ def _mixed_requests(engine) -> list[tuple[dict, SamplingParams | None]]:
 def test_16_concurrent_streams_with_mixed_parameters(service, engine):
     reqs = _mixed_requests(engine)
     results: list = [None] * len(reqs)
+    evicted = {r: service.worker_info(r).evicted for r in ("target", "draft")}
 
     def run(i: int) -> None:
         kw, _ = reqs[i]
@@ -153,6 +154,9 @@ def test_16_concurrent_streams_with_mixed_parameters(service, engine):
     assert service.metric("specdec_round_batch_size_count") > 0
     assert service.metric("specdec_round_batch_size_sum") > service.metric("specdec_round_batch_size_count")
     service.wait_slots_free()
+    # 16 streams over 8 slots: each finished request's slots are free before a waiting one is placed
+    # (WorkerClient.release), so no worker evicts a running request's cache to make room.
+    assert {r: service.worker_info(r).evicted - n for r, n in evicted.items()} == {"target": 0, "draft": 0}
 
 
 def test_list_models_health_and_metrics(service):

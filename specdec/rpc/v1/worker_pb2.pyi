@@ -147,7 +147,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "role", "dtype", "device", "max_context", "vocab_size", "num_slots", "free_slots", "eos_token_ids", "has_chat_template", "telemetry", "tokenizer_fingerprint", "placement")
+    __slots__ = ("model", "role", "dtype", "device", "max_context", "vocab_size", "num_slots", "free_slots", "eos_token_ids", "has_chat_template", "telemetry", "tokenizer_fingerprint", "placement", "evicted")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class WorkerInfo(_message.Message):
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
     model: str
     role: str
     dtype: str
@@ -174,7 +175,8 @@ class WorkerInfo(_message.Message):
     telemetry: DeviceTelemetry
     tokenizer_fingerprint: str
     placement: str
-    def __init__(self, model: _Optional[str] = ..., role: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., telemetry: _Optional[_Union[DeviceTelemetry, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ..., placement: _Optional[str] = ...) -> None: ...
+    evicted: int
+    def __init__(self, model: _Optional[str] = ..., role: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., telemetry: _Optional[_Union[DeviceTelemetry, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ..., placement: _Optional[str] = ..., evicted: _Optional[int] = ...) -> None: ...
 
 class GetTokenizerRequest(_message.Message):
     __slots__ = ()
