@@ -54,7 +54,10 @@ Series:
   what the service's draft prefill costs, for the simulator's.
 * ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
   polled every ``rebalance.period_s`` by router.rebalancer): a leak shows as a count that stays low
-  when idle.
+  when idle. ``specdec_worker_evicted{role,worker}``: the KV caches it evicted since it started
+  (its Info): a running request whose cache a worker had to give to a new one is recomputed from
+  its tokens, which costs its whole context; the router frees finished requests' slots first, so
+  this stays 0 while the router keeps up.
 * ``specdec_process_*``: the router process's resident memory, CPU time and open file descriptors
   (prometheus_client's process collector).
 """
@@ -269,6 +272,9 @@ class Metrics:
         )
         self.worker_free_slots = Gauge(
             "specdec_worker_free_slots", "KV-cache slots a worker reports free", ["role", "worker"], registry=r
+        )
+        self.worker_evicted = Gauge(
+            "specdec_worker_evicted", "KV caches a worker evicted since it started", ["role", "worker"], registry=r
         )
         ProcessCollector(namespace="specdec", registry=r)
         self._drafted_n = 0

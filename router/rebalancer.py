@@ -84,6 +84,7 @@ class Rebalancer:
             return
         w.info = info
         self.metrics.worker_free_slots.labels(w.role, w.name).set(info.free_slots)
+        self.metrics.worker_evicted.labels(w.role, w.name).set(info.evicted)
         if info.HasField("telemetry"):
             w.telemetry = sample_from_proto(info.telemetry)
             self.metrics.record_device(w.name, w.role, w.telemetry)

@@ -157,6 +157,16 @@ def test_16_concurrent_streams_with_mixed_parameters(service, engine):
     # 16 streams over 8 slots: each finished request's slots are free before a waiting one is placed
     # (WorkerClient.release), so no worker evicts a running request's cache to make room.
     assert {r: service.worker_info(r).evicted - n for r, n in evicted.items()} == {"target": 0, "draft": 0}
+    # ... and the router's gauge shows what the workers report (polled each rebalance period).
+    t_end = time.monotonic() + 10
+    while (
+        shown := [
+            service.router.metrics.sample("specdec_worker_evicted", {"role": r, "worker": f"{r}-0"})
+            for r in ("target", "draft")
+        ]
+    ) != [service.worker_info(r).evicted for r in ("target", "draft")]:
+        assert time.monotonic() < t_end, f"specdec_worker_evicted shows {shown}"
+        time.sleep(0.1)
 
 
 def test_list_models_health_and_metrics(service):
