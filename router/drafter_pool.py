@@ -157,13 +157,16 @@ class DrafterPool:
     async def _call(self, name: str, d: _Drafter, batch: list[_Waiter]) -> None:
         seqs = [s for w in batch for s in w.seqs]
         prefill = sum(w.prefill_tokens for w in batch)
-        steps = max(s.k for s in seqs) if not prefill else 0  # 0: not a draft step's time
+        longest = max(s.k for s in seqs)
+        steps = longest if not prefill else 0  # 0: not a draft step's time
+        predraft = any(w.predraft for w in batch)
+        since = min(w.t0 for w in batch)  # when its first sequence started waiting
         for w in batch:
             if w.started is not None:
                 w.started.append(True)  # the call reaches the worker now (before: only queued here)
         call = self.begin(name, steps)
         t_sent = time.perf_counter()  # inside the client lock: no other Propose or Prefill runs on it
-        queued = self.clock() - min(w.t0 for w in batch)
+        queued = self.clock() - since
         try:
             resp, compute = await d.client.call_timed(
                 "Propose", worker_pb2.ProposeRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
@@ -178,21 +181,20 @@ class DrafterPool:
                     w.future.exception()  # retrieved: a withdrawn waiter must not warn
             return
         wall = time.perf_counter() - t_sent
-        self.end(name, call, True, since=min(w.t0 for w in batch))
+        self.end(name, call, True, since=since)
         log.debug(
             "propose on %s: %d rows, %d steps, %d new tokens%s; queued %.0f ms, ran %.0f ms (computed %s)",
-            name, len(seqs), max(s.k for s in seqs), prefill, " (pre-draft)" if any(w.predraft for w in batch) else "",
-            1e3 * queued, 1e3 * wall,
+            name, len(seqs), longest, prefill, " (pre-draft)" if predraft else "", 1e3 * queued, 1e3 * wall,
             "-" if compute is None else f"{1e3 * compute:.0f}",
         )  # fmt: skip
         self.metrics.draft_sequences.labels(name).inc(len(seqs))
         if prefill:
-            self.observe_prefill(name, wall if compute is None else compute, prefill, max(s.k for s in seqs))
-        if compute is not None and not any(w.predraft for w in batch):
+            self.observe_prefill(name, wall if compute is None else compute, prefill, longest)
+        if compute is not None and not predraft:
             if steps > 0:
                 self.metrics.record_propose(compute, wall, len(seqs), steps)
             else:
-                self.metrics.record_prefilling_propose(compute, len(seqs), max(s.k for s in seqs), prefill)
+                self.metrics.record_prefilling_propose(compute, len(seqs), longest, prefill)
         i = 0
         for w in batch:
             if not w.future.done():
