@@ -157,3 +157,25 @@ def test_the_draft_vocabulary_keeps_markup_past_its_size(smollm_path):
     assert words and not vocab & set(words)  # words past n stay out
     assert marks and set(marks) <= vocab
     assert len(vocab) < 0.5 * len(tok)
+
+
+def test_a_prompt_catching_up_is_forwarded_apart_from_one_token_rows(draft_model):
+    """A new request's prompt (longer than _LONG_FEED) riding with decoding rows runs in its own
+    forward: one forward would pad every row's attention to the prompt's width. The drafts are
+    what each row drafts on its own."""
+    params = SamplingParams(max_tokens=64)
+    gen = torch.Generator().manual_seed(2)
+    old = [DraftInput(f"r{i}", torch.randint(0, 256, (19,), generator=gen).tolist(), params, VerifyMode.GREEDY, 1)
+           for i in range(2)]  # fmt: skip
+    runner = CountingRunner(draft_model, num_slots=4, max_len=128)
+    drafter = ModelDrafter(runner)
+    first = [d.tokens for d in drafter.propose(old)]
+    decoding = [DraftInput(i.request_id, i.tokens + d, params, VerifyMode.GREEDY, 3) for i, d in zip(old, first)]
+    new = DraftInput("new", torch.randint(0, 256, (60,), generator=gen).tolist(), params, VerifyMode.GREEDY, 3)
+    alone = [_propose(draft_model, [i])[0][0] for i in (*decoding, new)]
+    rows = []
+    forward = runner.forward
+    runner.forward = lambda slots, feeds, n: rows.append([len(f) for f in feeds]) or forward(slots, feeds, n)
+    assert [d.tokens for d in drafter.propose([*decoding, new])] == alone
+    assert rows[:2] == [[60], [1, 1]]  # the prompt apart, then the decoding rows' first step
+    assert all(len(r) == 3 for r in rows[2:])  # then all three draft together
