@@ -1,6 +1,6 @@
 #!/bin/bash
 # A/B: a prompt catching up forwarded apart from one-token rows in the drafter (new, /work/split15) vs one forward (old).
-# AUTO, Poisson 0.632/s (seed 29, 24 requests) and closed c=8 (24 requests), 32 tokens, fresh service per run.
+# AUTO, Poisson 0.632/s (seed 29, 24 requests), 32 tokens, fresh service per run.
 cd /work/main
 B=/work/main/.venv/bin
 O=/work/main/bench/out
