@@ -219,16 +219,16 @@ class ModelDrafter:
         prompt of 180 tokens beside 3 decoding rows took 342 ms in one forward, 214-240 + 36 in
         two (bench/NOTES.md, fifteenth session)."""
         long = [i for i, f in enumerate(feeds) if len(f) > _LONG_FEED]
-        if not long or len(long) == len(feeds):
+        short = [i for i, f in enumerate(feeds) if len(f) <= _LONG_FEED]
+        if not long or not short:
             return self.runner.forward(slots, feeds, num_logits)
-        out: list[torch.Tensor | None] = [None] * len(feeds)
-        for group in (long, [i for i in range(len(feeds)) if len(feeds[i]) <= _LONG_FEED]):
+        out: dict[int, torch.Tensor] = {}
+        for group in (long, short):
             rows = self.runner.forward(
                 [slots[i] for i in group], [feeds[i] for i in group], [num_logits[i] for i in group]
             )
-            for i, row in zip(group, rows):
-                out[i] = row
-        return out  # type: ignore[return-value]
+            out.update(zip(group, rows))
+        return [out[i] for i in range(len(feeds))]
 
     def _take(self, row_logits: torch.Tensor, inp: DraftInput, draft: Draft, guessed: list[int]) -> int:
         """Draft from logits [1 + len(guessed), vocab] while the model's picks equal the guesses;
