@@ -248,11 +248,13 @@ def _listening(pid: int) -> list[tuple[str, str, int]]:
 
 
 def _worker_addresses(log_path: Path) -> list[tuple[str, str]]:
-    """(role, address) of the workers, from the launcher's "<role> workers ready at ..." lines."""
+    """(role, address) of the workers, from the launcher's "<role> workers ready at ..." lines. A
+    line may start with output of Ray's workers written to the same stream without its newline, so
+    the JSON record is read from its first brace."""
     found = []
     for line in log_path.read_text().splitlines():
-        if line.startswith("{") and "workers ready at" in line:
-            message = json.loads(line)["message"]
+        if "workers ready at" in line and "{" in line:
+            message = json.JSONDecoder().raw_decode(line, line.index("{"))[0]["message"]
             found += [(message.split()[0], a) for a in message.split(" at ", 1)[1].split(", ")]
     return found
 
