@@ -159,7 +159,7 @@ class ServeConfig:
         if not d.get("target"):
             raise ValueError("config: a 'target' section with a model is required")
         router = RouterConfig.from_dict(d.get("router") or {})
-        pipelined = router.predraft or router.micro_batches > 1  # drafting overlaps the verify
+        pipelined = router.pipelined
         draft_d = d.get("draft")
         has_draft = bool(draft_d) and str(draft_d.get("model", "")).lower() not in ("", "none", "off")
         for section in [d["target"]] + ([draft_d] if has_draft else []):

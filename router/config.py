@@ -117,6 +117,12 @@ class RouterConfig:
     max_connection_age_s: float | None = 3600.0
     max_connection_age_grace_s: float | None = 600.0
 
+    @property
+    def pipelined(self) -> bool:
+        """Drafting overlaps the verify (pre-drafts, or micro-batches): the draft and the target
+        worker then compute at the same time."""
+        return self.predraft or self.micro_batches > 1
+
     def __post_init__(self) -> None:
         self.k_policy = kpolicy_from_dict(self.k_policy)
         self.rebalance = RebalanceConfig.from_dict(self.rebalance)

@@ -49,15 +49,18 @@ class Costs:
 class ProfileCosts(Costs):
     """Costs measured by ``specdec profile`` on one machine (the machine's own device and models).
 
-    ``shared_device``: the draft model runs on the target's device (one CPU machine), as the
-    simulator's colocated deployment has it. Speculative verifies are then priced at the plain
-    rounds' calibration scale: the service's speculative Verifies ran beside its drafter's
-    pre-drafts and draft prefills, which the simulator's shared device adds itself, so their own
-    scale would count that work twice (bench/NOTES.md, fifth session)."""
+    ``drafts_overlap_verifies``: the draft model runs on the target's device (the simulator's
+    colocated deployment, one CPU machine) and the router pipelines drafting (pre-drafts or
+    micro-batches), so the calibrated service's speculative Verifies ran beside its drafter's
+    work. They are then priced at the plain rounds' calibration scale: the simulator's shared
+    device adds that contention itself, and their own scale would count it twice (bench/NOTES.md,
+    fifth session). Where rounds alternate (the default) the speculative Verifies ran alone, and
+    their own scale is their cost: 12-16 % above the plain rounds' at 2-3 rows on the EPYC VM
+    (bench/NOTES.md, sixteenth session)."""
 
-    def __init__(self, profile: Profile, drafter: str = "draft", shared_device: bool = False):
+    def __init__(self, profile: Profile, drafter: str = "draft", drafts_overlap_verifies: bool = False):
         self.p = profile
-        self.shared_device = shared_device
+        self.drafts_overlap_verifies = drafts_overlap_verifies
         stats = profile.drafters.get(drafter)
         self.draft_is_model = drafter == "draft"
         if self.draft_is_model and profile.draft_forward is None:
@@ -73,7 +76,7 @@ class ProfileCosts(Costs):
         self._overhead = o
 
     def verify_s(self, batch: int, tokens_per_row: int, context: int) -> float:
-        scale = self._overhead.verify_scale_at(batch, 1 if self.shared_device else tokens_per_row)
+        scale = self._overhead.verify_scale_at(batch, 1 if self.drafts_overlap_verifies else tokens_per_row)
         return self.p.target_forward.at(batch, tokens_per_row) * scale / 1e3
 
     def prefill_s(self, rows: int, width: int, context: int = 0) -> float:

@@ -64,8 +64,9 @@ def _deployment(profile: Profile, serve: ServeConfig, mode: str, colocated: bool
     draft = serve.draft
     model_draft = draft is not None and draft.worker.model != "ngram"
     drafter = "draft" if model_draft and serve.router.default_mode == "draft" else "ngram"
+    overlap = colocated and drafter == "draft" and serve.router.pipelined
     return Deployment(
-        costs=ProfileCosts(profile, drafter, shared_device=colocated and drafter == "draft"),
+        costs=ProfileCosts(profile, drafter, drafts_overlap_verifies=overlap),
         policy=RouterPolicy(serve.router),
         groups=serve.target.replicas,
         drafts=draft.replicas if model_draft else 0,

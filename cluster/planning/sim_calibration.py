@@ -19,26 +19,37 @@ from cluster.config import ServeConfig
 from cluster.planning.predict import predict_bench, scenarios_of
 from cluster.planning.profile import Profile
 
-__all__ = ["draft_prefill_ms_per_token", "calibrate_draft_prefill"]
+__all__ = ["draft_prefill_ms_per_token", "calibrate_draft_prefill", "timed_kinds", "PREFILLS", "PROPOSES"]
 
 _STEPS = 4  # fixed-point steps at most (the stretch moves a little with the scale)
 _CLOSE = 0.02  # stop once the simulated time per token is within this of the measured
 
 
-def draft_prefill_ms_per_token(result: dict[str, Any], profile: Profile) -> float | None:
+PREFILLS, PROPOSES = "draft_prefills", "prefilling_proposes"  # the two ways, as the round split names them
+
+
+def timed_kinds(result: dict[str, Any]) -> tuple[str, ...]:
+    """Which ways of prefilling the drafter a bench serve result (or a prediction) timed."""
+    splits = [(r.get("summary") or {}).get("split") or {} for r in result.get("results", [])]
+    return tuple(kind for kind in (PREFILLS, PROPOSES) if any(s.get(kind) for s in splits))
+
+
+def draft_prefill_ms_per_token(
+    result: dict[str, Any], profile: Profile, kinds: tuple[str, ...] = (PREFILLS, PROPOSES)
+) -> float | None:
     """The draft worker's prefill time per token over a bench serve result's (or a prediction's)
     scenarios, from their round splits: its Prefills, and its Proposes that also prefill less
-    their draft steps as ``profile`` prices them (``Overhead.propose_ms``); None where neither
-    was timed."""
+    their draft steps as ``profile`` prices them (``Overhead.propose_ms``), of the ``kinds``
+    given; None where none was timed."""
     ms = tokens = 0.0
     for r in result.get("results", []):
         split = (r.get("summary") or {}).get("split") or {}
-        calls = split.get("draft_prefills") or 0
-        if calls and split.get("draft_prefill_tokens"):
+        calls = split.get(PREFILLS) or 0
+        if PREFILLS in kinds and calls and split.get("draft_prefill_tokens"):
             ms += calls * split["draft_prefill_compute_ms"]
             tokens += calls * split["draft_prefill_tokens"]
-        calls = split.get("prefilling_proposes") or 0
-        if calls and split.get("prefilling_propose_tokens"):
+        calls = split.get(PROPOSES) or 0
+        if PROPOSES in kinds and calls and split.get("prefilling_propose_tokens"):
             rows, steps = split["prefilling_propose_rows"], split["prefilling_propose_steps"]
             drafting = profile.overhead.propose_ms(profile.draft_propose, rows, steps) or 0.0
             ms += calls * max(0.0, split["prefilling_propose_compute_ms"] - drafting)
@@ -52,8 +63,14 @@ def calibrate_draft_prefill(
     """The ``draft_prefill_scale`` under which the simulation of ``bench``'s scenarios (its
     requests, modes and seed, on ``serve``'s deployment) has the drafter prefill as fast per token
     as the service did (its Prefills and its Proposes that prefill); None where ``bench`` timed
-    neither, or the simulation sends neither."""
-    measured = draft_prefill_ms_per_token(bench, profile)
+    neither, or the simulation sends neither. Only the ways the service timed are compared: where
+    its requests arrived a few ms apart its router cached each prompt whole with its first Propose,
+    while the simulated clients of a closed loop arrive at the same instant and their first round
+    splits two prompts into chunks, whose Prefills share the device with the target's prefill (in
+    the fifteenth session's calibrations those Prefills, 2x stretched, pulled the fit to 1.11 where
+    the service's own Proposes read 1.2-1.4: bench/NOTES.md, sixteenth session)."""
+    kinds = timed_kinds(bench)
+    measured = draft_prefill_ms_per_token(bench, profile, kinds)
     if measured is None or profile.draft_prefill is None:
         return None
     scenarios, opts = scenarios_of(bench)
@@ -72,7 +89,7 @@ def calibrate_draft_prefill(
             colocated,
             draws,
         )
-        simulated = draft_prefill_ms_per_token(pred, trial)
+        simulated = draft_prefill_ms_per_token(pred, trial, kinds)
         if simulated is None or simulated <= 0:
             return None
         ratio = measured / simulated

@@ -192,7 +192,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from cluster.config import load_config
     from cluster.planning.predict import Scenario, compare, format_comparison, predict_bench, scenarios_of
     from cluster.planning.profile import Profile, ProfileError
-    from cluster.planning.sim_calibration import draft_prefill_ms_per_token
+    from cluster.planning.sim_calibration import draft_prefill_ms_per_token, timed_kinds
     from cluster.planning.workload import WorkloadError
     from specdec.bench.serve import format_table
 
@@ -250,7 +250,9 @@ def _simulate(args: argparse.Namespace) -> int:
     if measured is not None:
         print("\npredicted vs measured (error = predicted / measured - 1):")
         print(format_comparison(pred["comparison"]))
-        p_ms, m_ms = draft_prefill_ms_per_token(pred, profile), draft_prefill_ms_per_token(measured, profile)
+        kinds = timed_kinds(measured)  # like with like: the ways the service prefilled its drafter
+        p_ms = draft_prefill_ms_per_token(pred, profile, kinds)
+        m_ms = draft_prefill_ms_per_token(measured, profile, kinds)
         if p_ms is not None and m_ms is not None:
             print(f"the drafter's prefill per token: {p_ms:.2f} / {m_ms:.2f} ms ({p_ms / m_ms - 1:+.0%})")
     return OK

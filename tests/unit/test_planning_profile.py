@@ -148,9 +148,9 @@ def test_verify_scale_and_rpc_come_from_the_workers_compute_in_the_service():
     only_plain = Overhead(verify_scale=1.1, verify_scale_plain_by_batch=[[1, 1.2]])
     assert only_plain.verify_scale_at(4) == 1.2 and Overhead(verify_scale=1.1).verify_scale_at(4) == 1.1
     assert costs.prefill_s(1, 160) == pytest.approx(2.5)
-    # with the draft on the target's device, speculative verifies take the plain rounds' scale: the
-    # service's ran beside its drafter's work, which the simulator's shared device adds itself
-    shared = ProfileCosts(profile, "ngram", shared_device=True)
+    # where the service's drafting overlapped its verifies on one device, speculative verifies take
+    # the plain rounds' scale: the simulator's shared device adds that contention itself
+    shared = ProfileCosts(profile, "ngram", drafts_overlap_verifies=True)
     assert shared.verify_s(4, 5, 168) == pytest.approx(0.45)  # 1.5 x 300 ms
     # older results: no rpc phase (the RPC goes into the scale), prefills inside the router phase
     old = {"results": [_serve_scenario(g, b, k, 1.5, rpc=None, prefill=False) for b, k, _ in cases]}
@@ -396,3 +396,29 @@ def test_a_prediction_after_a_run_starts_from_the_router_that_run_left(tiny_prof
     fresh = predict_bench(tiny_profile, serve, then, 6, 12, ("auto",), seed=3)["results"]
     assert after[0]["summary"] == both[1]["summary"]
     assert fresh[0]["summary"] != after[0]["summary"]  # a fresh router has learned nothing yet
+
+
+def test_speculative_verifies_take_the_plain_scale_only_where_the_router_overlaps_drafting(tiny_profile):
+    """On one device the service's speculative Verifies ran beside its drafter only where the router
+    pipelines drafting (pre-drafts, micro-batches); with rounds alternating they ran alone, and the
+    calibration's speculative scale is their own cost."""
+    from cluster.config import PoolConfig, ServeConfig
+    from cluster.planning.predict import _deployment
+    from router.config import RouterConfig
+
+    worker = {"model": "tiny", "dtype": "float32", "num_slots": 4, "max_len": 256, "threads": 1}
+    pools = PoolConfig.from_dict(worker, "target"), PoolConfig.from_dict(worker | {"model": "tiny-draft"}, "draft")
+    profile = dataclasses.replace(
+        tiny_profile, overhead=Overhead(verify_scale_by_batch=[[1, 1.3]], verify_scale_plain_by_batch=[[1, 1.1]])
+    )
+
+    def verify_ms(colocated: bool, **router) -> float:
+        serve = ServeConfig(*pools, RouterConfig(default_mode="draft", **router))
+        return 1e3 * _deployment(profile, serve, "auto", colocated).costs.verify_s(1, 5, 100)
+
+    forward = profile.target_forward.at(1, 5)
+    assert verify_ms(True, micro_batches=1) == pytest.approx(1.3 * forward)  # alternating: its own scale
+    assert verify_ms(True, micro_batches=1, predraft=True) == pytest.approx(1.1 * forward)
+    assert verify_ms(True, micro_batches=2) == pytest.approx(1.1 * forward)
+    assert verify_ms(False, micro_batches=2) == pytest.approx(1.3 * forward)  # devices of their own
+    assert RouterConfig(micro_batches=1).pipelined is False and RouterConfig(micro_batches=2).pipelined

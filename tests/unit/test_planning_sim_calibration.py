@@ -13,7 +13,13 @@ import yaml
 from cluster.config import ServeConfig
 from cluster.planning.predict import Scenario, predict_bench
 from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, RequestRounds
-from cluster.planning.sim_calibration import calibrate_draft_prefill, draft_prefill_ms_per_token
+from cluster.planning.sim_calibration import (
+    PREFILLS,
+    PROPOSES,
+    calibrate_draft_prefill,
+    draft_prefill_ms_per_token,
+    timed_kinds,
+)
 from specdec.cli.main import main
 
 LONG = 400  # tokens: two chunks of 128 go to the drafter's Prefill, the rest with the first Propose
@@ -77,8 +83,22 @@ def test_a_prompt_that_fits_one_round_is_prefilled_by_its_first_propose_and_cali
     split = truth["results"][0]["summary"]["split"]
     assert "draft_prefills" not in split and split["prefilling_proposes"] > 0
     assert split["prefilling_propose_tokens"] == SHORT  # one request at c=1: its whole prompt
+    # at c=2 too: the clients' first requests arrive a moment apart and the first round takes the
+    # first alone, as the service's router does (at one instant both prompts were split in chunks)
+    assert "draft_prefills" not in truth["results"][2]["summary"]["split"]
     scale = calibrate_draft_prefill(_profile(prompt=SHORT), _serve(), truth, draws=2)
     assert scale == pytest.approx(0.5, rel=0.05)
+
+
+def test_only_the_ways_of_prefilling_the_service_timed_are_fitted():
+    """A service that cached every prompt whole with its first Propose timed no Prefill: the
+    simulation's Prefills (stretched by the target's prefill beside them) are left out of the fit."""
+    truth = _run(_profile(draft_prefill_scale=0.5))
+    for r in truth["results"]:
+        for key in ("draft_prefills", "draft_prefill_compute_ms", "draft_prefill_tokens"):
+            r["summary"]["split"].pop(key, None)
+    assert timed_kinds(truth) == (PROPOSES,) and timed_kinds(_run(_profile())) == (PREFILLS, PROPOSES)
+    assert calibrate_draft_prefill(_profile(), _serve(), truth, draws=2) == pytest.approx(0.5, rel=0.05)
 
 
 def test_no_timed_draft_prefill_no_scale():
