@@ -46,10 +46,10 @@ log = logging.getLogger(__name__)
 __all__ = ["RouterMemory", "Deployment", "SimResult", "simulate"]
 
 PARK = None  # what a lane yields to wait for its scheduler's wake-up
-# A closed loop's clients send their first requests this far apart (bench serve's records: 0.2-0.4
-# ms), so the router's first round starts on the first request alone, as the service's did in every
-# closed scenario of the fifteenth session's calibrations; at one instant the simulated first round
-# took them all and split their prompts into chunks the service never sent (bench/NOTES.md).
+# A closed loop's clients send requests that fall due together this far apart (bench serve's records:
+# 0.2-0.4 ms), so the router's next round starts on the first alone, as the service's did at every
+# closed scenario's start in the fifteenth session's calibrations; sent at one instant, the simulated
+# round took them all and split their prompts into chunks the service never sent (bench/NOTES.md).
 CLIENT_STAGGER_S = 0.00025
 
 
@@ -159,6 +159,7 @@ class _Sim:
         self.requests = requests
         self.closed = closed
         self._next = 0  # closed loop: the next request a client sends
+        self._last_send = -math.inf  # ... and when the last one went out
         self.jobs: list[Job] = []
         self.rejected = 0
 
@@ -220,8 +221,8 @@ class _Sim:
 
     def run(self) -> None:
         if self.closed:
-            for i in range(min(self.closed, len(self.requests))):
-                self._send_next(after=i * CLIENT_STAGGER_S)
+            for _ in range(min(self.closed, len(self.requests))):
+                self._send_next()
         else:
             for spec in self.requests:
                 self.at(spec.t, lambda spec=spec: self._arrive(spec))
@@ -240,13 +241,14 @@ class _Sim:
             if self._all_done():
                 break
 
-    def _send_next(self, after: float = 0.0) -> None:
-        """Closed loop: a client sends its next request as soon as its last one ends (its first
-        ``after`` seconds into the run)."""
+    def _send_next(self) -> None:
+        """Closed loop: a client sends its next request as soon as its last one ends, and
+        CLIENT_STAGGER_S after the one sent before it."""
         if self._next < len(self.requests):
             spec = self.requests[self._next]
             self._next += 1
-            self.at(self.now + after, lambda: self._arrive(spec))
+            self._last_send = max(self.now, self._last_send + CLIENT_STAGGER_S)
+            self.at(self._last_send, lambda: self._arrive(spec))
 
     # ---- admission (Router.pick, TargetScheduler.new_job / submit / _admit) ------------------
     def _arrive(self, spec: SimRequestSpec) -> None:

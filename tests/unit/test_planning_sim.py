@@ -13,7 +13,7 @@ import pytest
 from cluster.planning.costs import ProfileCosts
 from cluster.planning.policies import RouterPolicy
 from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, ProfileError, RequestRounds
-from cluster.planning.simulator import Deployment, simulate
+from cluster.planning.simulator import CLIENT_STAGGER_S, Deployment, simulate
 from cluster.planning.workload import (
     AcceptanceModel,
     SimRequestSpec,
@@ -263,6 +263,22 @@ def test_queue_limit_rejects_and_closed_loop_sends_one_at_a_time():
     starts = sorted(r["t_start"] for r in closed.records)
     assert starts[1:] == ends[:-1]  # each request starts as the last one ends
     assert closed.summary["wall_s"] == pytest.approx(3 * (15.0 + 32 * VERIFY_MS) / 1e3)
+
+
+def test_closed_loop_requests_due_together_are_sent_a_moment_apart_and_the_first_runs_alone():
+    """bench serve's clients send requests that fall due together 0.2-0.4 ms apart, and the
+    service's router starts its next round on the first alone; so does the simulated one, at the
+    start and when two requests end in the same round (sent at one instant, the round took both)."""
+    specs = requests(4, 0.8)
+    specs[0] = dataclasses.replace(specs[0], output_tokens=33)  # r1 starts a round later: they end together
+    res = simulate(deployment(mode="off"), specs, closed=2)
+    by_id = {r["id"]: r for r in res.records}
+    assert by_id["r0"]["t_end"] == by_id["r1"]["t_end"]
+    assert by_id["r1"]["t_start"] - by_id["r0"]["t_start"] == pytest.approx(CLIENT_STAGGER_S)
+    assert by_id["r3"]["t_start"] - by_id["r2"]["t_start"] == pytest.approx(CLIENT_STAGGER_S)
+    for first, second in (("r0", "r1"), ("r2", "r3")):
+        ttft = [by_id[k]["t_first"] - by_id[k]["t_start"] for k in (first, second)]
+        assert ttft[1] > ttft[0] + VERIFY_MS / 1e3 / 2  # the second waited out the first's round
 
 
 def test_an_overloaded_deployment_reports_unfinished_requests():
