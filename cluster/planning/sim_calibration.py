@@ -63,12 +63,11 @@ def calibrate_draft_prefill(
     """The ``draft_prefill_scale`` under which the simulation of ``bench``'s scenarios (its
     requests, modes and seed, on ``serve``'s deployment) has the drafter prefill as fast per token
     as the service did (its Prefills and its Proposes that prefill); None where ``bench`` timed
-    neither, or the simulation sends neither. Only the ways the service timed are compared: where
-    its requests arrived a few ms apart its router cached each prompt whole with its first Propose,
-    while the simulated clients of a closed loop arrive at the same instant and their first round
-    splits two prompts into chunks, whose Prefills share the device with the target's prefill (in
-    the fifteenth session's calibrations those Prefills, 2x stretched, pulled the fit to 1.11 where
-    the service's own Proposes read 1.2-1.4: bench/NOTES.md, sixteenth session)."""
+    neither, or the simulation sends neither. Only the ways the service timed are compared: a way
+    the simulation takes where the service did not would pull the fit away from what the service
+    measured (before closed loops were staggered, the simulated Prefills of prompts split into
+    chunks, 2x stretched by the target's prefill beside them, pulled it to 1.11 where the service's
+    own Proposes read 1.2-1.4: bench/NOTES.md, sixteenth session)."""
     kinds = timed_kinds(bench)
     measured = draft_prefill_ms_per_token(bench, profile, kinds)
     if measured is None or profile.draft_prefill is None:
