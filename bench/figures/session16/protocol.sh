@@ -4,6 +4,8 @@
 # the service's own spread from run to run, beside the prediction (written before any of them).
 # CAL=1,2,4,8,1,2,4,8: the calibration's levels in two passes, so that each scale averages two
 # moments of a VM whose speed drifts by 10 % from minute to minute (bench/NOTES.md, sixteenth session).
+# CAL_RATE=0.3: a Poisson scenario in the calibration too (its own arrivals, the calibration's seed),
+# so that one- and two-row rounds under arrivals are measured, which closed loops do not.
 # The rates come from the calibration run: saturating = OFF's closed c=8 throughput / 32 tokens.
 set -u
 cd /work/main
@@ -28,7 +30,7 @@ done
 sleep 5
 stamp calibration
 $B/specdec bench serve --server 127.0.0.1:50051 --prompts humaneval:8 --max-tokens 32 --concurrency ${CAL:-1,2,4,8} \
-  --requests 8 --modes auto,off --seed 1 --metrics-url http://127.0.0.1:9400/metrics --json $O/serve-bf16-cal$T.json || { kill -INT $SERVE; exit 1; }
+  --rate "${CAL_RATE:-}" --requests 8 --modes auto,off --seed 1 --metrics-url http://127.0.0.1:9400/metrics --json $O/serve-bf16-cal$T.json || { kill -INT $SERVE; exit 1; }
 stamp recalibrate
 $B/specdec profile --recalibrate $O/bf16-profile$T.json --serve-json $O/serve-bf16-cal$T.json \
   --config configs/default.yaml -o $O/bf16-cal$T-profile.json
