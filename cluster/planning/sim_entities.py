@@ -18,7 +18,19 @@ from typing import Any
 from cluster.planning.workload import SimRequestSpec
 from specdec.core.request_state import RequestState
 
-__all__ = ["Call", "Until", "Device", "Worker", "SimTelemetry", "SimClient", "PreDraft", "Job", "Group"]
+__all__ = [
+    "CLIENT_STAGGER_S",
+    "ClosedLoopClients",
+    "Call",
+    "Until",
+    "Device",
+    "Worker",
+    "SimTelemetry",
+    "SimClient",
+    "PreDraft",
+    "Job",
+    "Group",
+]
 
 
 class Call:
@@ -258,3 +270,29 @@ class Group:
     predraft_hits: int = 0
     predraft_misses: int = 0
     peak_running: int = 0
+
+
+# A closed loop's clients send requests that fall due together this far apart (bench serve's records:
+# 0.2-0.4 ms), so the router's next round starts on the first alone, as the service's did at every
+# closed scenario's start in the fifteenth session's calibrations; sent at one instant, the simulated
+# round took them all and split their prompts into chunks the service never sent (bench/NOTES.md).
+CLIENT_STAGGER_S = 0.00025
+
+
+class ClosedLoopClients:
+    """bench serve's closed-loop clients: the requests in order, each sent when asked for (a
+    client's last request ended) and CLIENT_STAGGER_S after the one sent before it."""
+
+    def __init__(self, requests: list[SimRequestSpec]):
+        self.requests = requests
+        self._next = 0
+        self._last_send = -math.inf
+
+    def send(self, now: float) -> tuple[SimRequestSpec, float] | None:
+        """The next request and when it arrives; None when all were sent."""
+        if self._next >= len(self.requests):
+            return None
+        spec = self.requests[self._next]
+        self._next += 1
+        self._last_send = max(now, self._last_send + CLIENT_STAGGER_S)
+        return spec, self._last_send

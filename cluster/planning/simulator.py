@@ -36,7 +36,7 @@ from typing import Any
 from cluster.planning.costs import Costs
 from cluster.planning.policies import RouterPolicy
 from cluster.planning.sim_drafting import SimDrafting
-from cluster.planning.sim_entities import Call, Device, Group, Job, SimClient, Until, Worker
+from cluster.planning.sim_entities import Call, ClosedLoopClients, Device, Group, Job, SimClient, Until, Worker
 from cluster.planning.workload import SimRequestSpec, WorkloadError
 from specdec.bench.serve import summarize
 from specdec.core.prefill_plan import PrefillNeed
@@ -46,11 +46,6 @@ log = logging.getLogger(__name__)
 __all__ = ["RouterMemory", "Deployment", "SimResult", "simulate"]
 
 PARK = None  # what a lane yields to wait for its scheduler's wake-up
-# A closed loop's clients send requests that fall due together this far apart (bench serve's records:
-# 0.2-0.4 ms), so the router's next round starts on the first alone, as the service's did at every
-# closed scenario's start in the fifteenth session's calibrations; sent at one instant, the simulated
-# round took them all and split their prompts into chunks the service never sent (bench/NOTES.md).
-CLIENT_STAGGER_S = 0.00025
 
 
 @dataclass
@@ -158,8 +153,7 @@ class _Sim:
             self.pool.restore(memory.drafters, self.now)
         self.requests = requests
         self.closed = closed
-        self._next = 0  # closed loop: the next request a client sends
-        self._last_send = -math.inf  # ... and when the last one went out
+        self.clients = ClosedLoopClients(requests)
         self.jobs: list[Job] = []
         self.rejected = 0
 
@@ -242,13 +236,11 @@ class _Sim:
                 break
 
     def _send_next(self) -> None:
-        """Closed loop: a client sends its next request as soon as its last one ends, and
-        CLIENT_STAGGER_S after the one sent before it."""
-        if self._next < len(self.requests):
-            spec = self.requests[self._next]
-            self._next += 1
-            self._last_send = max(self.now, self._last_send + CLIENT_STAGGER_S)
-            self.at(self._last_send, lambda: self._arrive(spec))
+        """Closed loop: a client sends its next request as soon as its last one ends."""
+        sent = self.clients.send(self.now)
+        if sent is not None:
+            spec, t = sent
+            self.at(t, lambda: self._arrive(spec))
 
     # ---- admission (Router.pick, TargetScheduler.new_job / submit / _admit) ------------------
     def _arrive(self, spec: SimRequestSpec) -> None:

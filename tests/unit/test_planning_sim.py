@@ -13,7 +13,8 @@ import pytest
 from cluster.planning.costs import ProfileCosts
 from cluster.planning.policies import RouterPolicy
 from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, ProfileError, RequestRounds
-from cluster.planning.simulator import CLIENT_STAGGER_S, Deployment, simulate
+from cluster.planning.sim_entities import CLIENT_STAGGER_S
+from cluster.planning.simulator import Deployment, simulate
 from cluster.planning.workload import (
     AcceptanceModel,
     SimRequestSpec,
