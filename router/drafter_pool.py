@@ -23,10 +23,10 @@ import asyncio
 import itertools
 import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from router.clock import now
 from router.config import RouterConfig
 from router.jobs import Job
 from router.metrics import Metrics
@@ -78,7 +78,7 @@ class _Drafter:
 
 
 class DrafterPool:
-    def __init__(self, config: RouterConfig, metrics: Metrics, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: RouterConfig, metrics: Metrics, clock: Callable[[], float] = now):
         self.cfg = config
         self.clock = clock  # the capacity simulator passes its simulated time
         self.policy = config.rebalance
@@ -165,7 +165,7 @@ class DrafterPool:
             if w.started is not None:
                 w.started.append(True)  # the call reaches the worker now (before: only queued here)
         call = self.begin(name, steps)
-        t_sent = time.perf_counter()  # inside the client lock: no other Propose or Prefill runs on it
+        t_sent = self.clock()  # inside the client lock: no other Propose or Prefill runs on it
         queued = self.clock() - since
         try:
             resp, compute = await d.client.call_timed(
@@ -180,7 +180,7 @@ class DrafterPool:
                     w.future.set_exception(exc)
                     w.future.exception()  # retrieved: a withdrawn waiter must not warn
             return
-        wall = time.perf_counter() - t_sent
+        wall = self.clock() - t_sent
         self.end(name, call, True, since=since)
         log.debug(
             "propose on %s: %d rows, %d steps, %d new tokens%s; queued %.0f ms, ran %.0f ms (computed %s)",

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
 
+from router import clock
 from router.config import RouterConfig
 from router.drafter_pool import DrafterPool
 from router.jobs import Job, PreDraft
@@ -172,13 +172,13 @@ class DraftSource:
                     remote.setdefault(name, []).append(i)
         if not remote and not pending:
             return drafts, 0.0
-        t0 = time.monotonic()
+        t0 = clock.now()
         t_end = t0 + self.deadline(max(ks))
         # Pre-drafts first: they are already running on their drafters.
         for i, pd in pending:
             job, k = batch[i], ks[i]
             try:
-                res = await asyncio.wait_for(asyncio.shield(pd.task), max(0.0, t_end - time.monotonic()))
+                res = await asyncio.wait_for(asyncio.shield(pd.task), max(0.0, t_end - clock.now()))
                 d = self.decode_draft(res[pd.index], k + 1)
             except TimeoutError:
                 self.pool.set_late(pd.drafter, pd.task)
@@ -200,7 +200,7 @@ class DraftSource:
                     self.fail_open(batch[i], reason or "unavailable")
                 else:
                     drafts[i] = d
-        return drafts, time.monotonic() - t0
+        return drafts, clock.now() - t0
 
     def _call(self, name: str, idx: list[int], batch: list[Job], ks: list[int]):
         """Start one Propose on ``name`` for ``idx`` (or not, when it is busy with a late one)."""
@@ -225,7 +225,7 @@ class DraftSource:
         if task is None:
             return None, "deadline"
         try:
-            return await asyncio.wait_for(asyncio.shield(task), max(0.0, t_end - time.monotonic())), None
+            return await asyncio.wait_for(asyncio.shield(task), max(0.0, t_end - clock.now())), None
         except TimeoutError:
             if started:
                 self.pool.set_late(name, task)  # let it finish (it builds the drafter's cache), results unused
@@ -317,11 +317,11 @@ class DraftSource:
         call = self.pool.begin(name, 0)
         try:
             async with client.lock:
-                t0 = time.perf_counter()
+                t0 = clock.now()
                 _, compute = await client.call_timed(
                     "Prefill", worker_pb2.PrefillRequest(sequences=seqs), timeout=self.cfg.rpc_timeout_s
                 )
-                wall = time.perf_counter() - t0
+                wall = clock.now() - t0
                 self.pool.observe_prefill(name, wall if compute is None else compute, new_tokens)
             log.debug(
                 "draft prefill on %s: %d rows, %d new tokens; ran %.0f ms (computed %s)",

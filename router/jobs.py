@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import time
 from dataclasses import dataclass, field
 
 import grpc
 
+from router.clock import now
 from specdec.core.params import SamplingParams, VerifyMode
 from specdec.core.request_state import RequestState
 from specdec.rpc.errors import RpcStatusError
@@ -54,8 +54,8 @@ class Job:
     state: RequestState
     spec: str  # off | draft | ngram (resolved)
     auto: bool
-    deadline: float | None  # time.monotonic() deadline
-    t_arrival: float = field(default_factory=time.monotonic)
+    deadline: float | None  # deadline on the router clock (router/clock.py)
+    t_arrival: float = field(default_factory=now)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     t_first: float | None = None
     t_last: float | None = None

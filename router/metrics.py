@@ -277,6 +277,10 @@ class Metrics:
             "specdec_worker_evicted", "KV caches a worker evicted since it started", ["role", "worker"], registry=r
         )
         ProcessCollector(namespace="specdec", registry=r)
+        # every position's series exists from the start (at 0), and a round increments them without
+        # looking its labels up
+        self._drafted_at = [self.drafted_pos.labels(str(j)) for j in range(_MAX_POSITIONS)]
+        self._accepted_at = [self.accepted_pos.labels(str(j)) for j in range(_MAX_POSITIONS)]
         self._drafted_n = 0
         self._accepted_n = 0
         self._server = None
@@ -307,10 +311,10 @@ class Metrics:
         self._accepted_n += accepted
         self.drafted.inc(drafted)
         self.accepted.inc(accepted)
-        for j in range(min(drafted, _MAX_POSITIONS)):
-            self.drafted_pos.labels(str(j)).inc()
-        for j in range(min(accepted, _MAX_POSITIONS)):
-            self.accepted_pos.labels(str(j)).inc()
+        for c in self._drafted_at[:drafted]:
+            c.inc()
+        for c in self._accepted_at[:accepted]:
+            c.inc()
         self.acceptance.set(self._accepted_n / self._drafted_n)
 
     def record_device(self, worker: str, role: str, s) -> None:

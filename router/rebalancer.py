@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 import grpc
 
+from router import clock
 from router.metrics import Metrics
 from router.rebalance import RebalanceConfig
 from router.workers import WorkerClient
@@ -72,7 +72,7 @@ class Rebalancer:
                 started.append(task)
         if started:
             await asyncio.wait(started, timeout=self.cfg.period_s)
-        now = time.monotonic()
+        now = clock.now()
         for s in self.schedulers():
             s.balance.update_depth(now)
 

@@ -34,12 +34,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 import grpc
 
+from router import clock
 from router.config import RouterConfig
 from router.drafter_pool import DrafterPool
 from router.drafting import DraftSource
@@ -61,7 +61,7 @@ from specdec.core.prefill_plan import PrefillNeed, chunks_between, plan_prefill
 from specdec.core.request_state import CostMeter, new_request
 from specdec.core.round_types import Draft
 from specdec.rpc import worker_pb2
-from specdec.rpc.convert import draft_to_proto, sequence_to_proto
+from specdec.rpc.convert import add_verify_item, sequence_to_proto
 from specdec.rpc.errors import RpcStatusError
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,7 @@ class TargetScheduler:
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.served = 0  # requests completed here (autoscaling: a new replica serves)
+        self.peak_running = 0  # the most requests run at once (the planner: did the batch cap bind?)
         self.first_served_at: float | None = None  # monotonic
         self._wake = asyncio.Event()
         self._closing = False
@@ -144,8 +145,8 @@ class TargetScheduler:
     async def close(self, grace: float) -> None:
         """Stop admitting; give running jobs ``grace`` seconds, then end them as "cancelled"."""
         self._closing = True
-        t_end = time.monotonic() + grace
-        while (self.running or self.waiting) and time.monotonic() < t_end:
+        t_end = clock.now() + grace
+        while (self.running or self.waiting) and clock.now() < t_end:
             await asyncio.sleep(0.05)
         while self.waiting:
             job = self.waiting.popleft()
@@ -157,8 +158,8 @@ class TargetScheduler:
                     job.cancelled = "shutdown"
                 else:
                     self._finish(job, "cancelled")
-        t_end = time.monotonic() + 5.0
-        while any(j.in_flight for j in self.running) and time.monotonic() < t_end:
+        t_end = clock.now() + 5.0
+        while any(j.in_flight for j in self.running) and clock.now() < t_end:
             await asyncio.sleep(0.02)
         for task in self._lanes:
             task.cancel()
@@ -218,7 +219,7 @@ class TargetScheduler:
             self._finish(job, None, outcome="deadline_exceeded" if reason == "deadline" else "cancelled")
 
     def _admit(self) -> None:
-        now = time.monotonic()
+        now = clock.now()
         while self.waiting and (self.waiting[0].done or (self.waiting[0].deadline or math.inf) <= now):
             job = self.waiting.popleft()
             self.metrics.queue_depth.dec()
@@ -237,10 +238,11 @@ class TargetScheduler:
                 continue
             self.running.append(job)
             self.metrics.running.inc()
+        self.peak_running = max(self.peak_running, len(self.running))
 
     def _take(self, lane: int) -> list[Job]:
         self._admit()
-        now = time.monotonic()
+        now = clock.now()
         for job in [j for j in self.running if not j.in_flight and j.deadline is not None and j.deadline <= now]:
             self._fail(
                 job,
@@ -318,12 +320,12 @@ class TargetScheduler:
         return [j for j in chunks if not j.state.prefilling and not j.done and not j.cancelled]
 
     async def _round(self, batch: list[Job]) -> None:
-        t0 = time.monotonic()
+        t0 = clock.now()
         if any(not j.spec_planned for j in self.running):
             self.balance.start(self.running, [self._want_k(j) for j in self.running])
         decoding = [j for j in batch if not j.state.prefilling]
         ks = [self._want_k(j) for j in decoding]
-        tp = time.monotonic()
+        tp = clock.now()
         try:
             cached = await self._prefill(batch, sum(k + 1 for k in ks))
         except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:
@@ -332,7 +334,7 @@ class TargetScheduler:
                     outcome = "unavailable" if isinstance(exc, WorkerUnavailable) else "error"
                     self._fail(job, exc if isinstance(exc, WorkerUnavailable) else _rpc_error(exc), outcome=outcome)
             cached = []
-        t_prefill = time.monotonic() - tp
+        t_prefill = clock.now() - tp
         batch = decoding + cached
         ks += [self._want_k(j) for j in cached]
         if not batch:
@@ -342,15 +344,12 @@ class TargetScheduler:
         ks = self.balance.speculation(batch, ks)
         drafts, draft_wait = await self.drafting.drafts(batch, ks)
         self.drafting.launch_predraft(batch, ks, drafts, self._policy_k, self.balance.predraft)
-        items = [
-            worker_pb2.VerifyItem(
-                sequence=sequence_to_proto(j.key, j.state.tokens, j.params, j.mode), draft=draft_to_proto(j.key, d)
-            )
-            for j, d in zip(batch, drafts)
-        ]
-        t1 = time.monotonic()
-        outcomes, compute = await self.link.verify(items)
-        t2 = time.monotonic()
+        request = worker_pb2.VerifyRequest()
+        for j, d in zip(batch, drafts):
+            add_verify_item(request, j.key, j.state.tokens, j.params, j.mode, d)
+        t1 = clock.now()
+        outcomes, compute = await self.link.verify(request)
+        t2 = clock.now()
         self.balance.log_round(batch, ks, [len(d.tokens) for d in drafts], draft_wait, t2 - t1, compute)
         if not any(isinstance(o, BaseException) for o in outcomes):
             dt = t2 - t1
@@ -371,7 +370,7 @@ class TargetScheduler:
                 self._fail(job, out, outcome="unavailable" if isinstance(out, WorkerUnavailable) else "error")
                 continue
             self._commit(job, draft, out)
-        t3 = time.monotonic()
+        t3 = clock.now()
         m.phase.labels("draft_wait").observe(draft_wait)
         m.phase.labels("verify").observe(t2 - t1)
         if compute is not None:
@@ -399,7 +398,7 @@ class TargetScheduler:
         committed = st.commit(tokens, n_acc, k, self.max_context)
         self.metrics.record_draft(k, min(n_acc, len(committed)))
         self.balance.observe_outcome(k, n_acc)
-        now = time.monotonic()
+        now = clock.now()
         if committed:
             if job.t_first is None:
                 job.t_first = now
@@ -445,7 +444,7 @@ class TargetScheduler:
                 m.duration.observe(job.t_last - job.t_arrival)
             self.served += 1
             if self.first_served_at is None:
-                self.first_served_at = time.monotonic()
+                self.first_served_at = clock.now()
                 # a replica's first finished request: the end of a scale-up, as an operator (and the
                 # autoscaling e2e test) reads it from the log
                 log.info("%s: first request served", self.target.name)

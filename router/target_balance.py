@@ -9,11 +9,11 @@ false it changes nothing (depth ``normal``, speculation by acceptance only).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from router import policy
+from router.clock import now
 from router.jobs import Job
 from router.rebalance import (
     DepthPlan,
@@ -36,6 +36,9 @@ from router.speculation_switch import (
 )
 from specdec.core.prefill_plan import round_budget
 
+if TYPE_CHECKING:  # the scheduler constructs its balance: a runtime import would be a cycle
+    from router.scheduler import TargetScheduler
+
 log = logging.getLogger(__name__)
 
 __all__ = ["TargetBalance", "LEVEL_VALUES"]
@@ -48,8 +51,8 @@ def _pct(x: float | None) -> str:
 
 
 class TargetBalance:
-    def __init__(self, sched: Any, clock: Callable[[], float] = time.monotonic):
-        self.s = sched  # a router.scheduler.TargetScheduler (not imported: no cycle), or the simulator's
+    def __init__(self, sched: TargetScheduler, clock: Callable[[], float] = now):
+        self.s = sched
         self.clock = clock
         self.cfg = sched.cfg.rebalance
         self.depth = DepthState()
@@ -189,8 +192,13 @@ class TargetBalance:
         views = {v.name: v for v in pool.views(now) if v.up} if pool is not None else {}
         here = getattr(self.s.target.info, "placement", "")
         jobs = []
+        priced: dict[str | None, DrafterView | None] = {}  # by drafter: one price per drafter and round
         for i, (j, k, a) in enumerate(zip(batch, ks, acceptance)):
-            d = priced_drafter(j.drafter, views, self.cfg) if j.spec == "draft" else None
+            d = None
+            if j.spec == "draft":
+                if j.drafter not in priced:
+                    priced[j.drafter] = priced_drafter(j.drafter, views, self.cfg)
+                d = priced[j.drafter]
             fixed, step = d.price() if d is not None else (0.0, 0.0)
             jobs.append(
                 SpecJob(

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import grpc
 
+from router import clock
 from router.config import RouterConfig
 from router.workers import WorkerClient, WorkerUnavailable
 from specdec.rpc import worker_pb2
@@ -31,10 +31,10 @@ class TargetLink:
     async def _replayed(self, method: str, request, n: int):
         """One call, waiting for (and replaying on) a restarted target; (response, the worker's
         compute seconds if reported)."""
-        t_end = time.monotonic() + self.cfg.recovery_timeout_s
+        t_end = clock.now() + self.cfg.recovery_timeout_s
         while True:
             try:
-                await self.target.wait_up(max(0.1, t_end - time.monotonic()))
+                await self.target.wait_up(max(0.1, t_end - clock.now()))
                 self.down_since = None
                 async with self.target.lock:
                     resp, compute = await self.target.call_timed(method, request, timeout=self.cfg.rpc_timeout_s)
@@ -43,26 +43,27 @@ class TargetLink:
                 return resp, compute
             except WorkerUnavailable:
                 if self.down_since is None:
-                    self.down_since = time.monotonic()
-                if time.monotonic() >= t_end:
+                    self.down_since = clock.now()
+                if clock.now() >= t_end:
                     raise
                 log.info("target %s unavailable; replaying the round once it is back", self.name)
                 await asyncio.sleep(0.05)
 
     async def _verify_call(
-        self, items: list[worker_pb2.VerifyItem]
+        self, request: worker_pb2.VerifyRequest
     ) -> tuple[list[worker_pb2.VerifyOutcome], float | None]:
-        resp, compute = await self._replayed("Verify", worker_pb2.VerifyRequest(items=items), len(items))
+        resp, compute = await self._replayed("Verify", request, len(request.items))
         return list(resp.outcomes), compute
 
     async def prefill(self, seqs: list[worker_pb2.Sequence]) -> None:
         """Cache all but the last token of each sequence (prompt chunks), replayed like a verify."""
         await self._replayed("Prefill", worker_pb2.PrefillRequest(sequences=seqs), len(seqs))
 
-    async def verify(self, items: list[worker_pb2.VerifyItem]) -> tuple[list, float | None]:
+    async def verify(self, request: worker_pb2.VerifyRequest) -> tuple[list, float | None]:
         """Outcomes (or the exception failing that item) in order, and the worker's compute time."""
+        items = request.items
         try:
-            return await self._verify_call(items)
+            return await self._verify_call(request)
         except WorkerUnavailable as exc:
             return [exc] * len(items), None
         except grpc.aio.AioRpcError as exc:
@@ -72,7 +73,7 @@ class TargetLink:
         out: list = []
         for item in items:  # isolate the bad item: the others keep being served
             try:
-                out.extend((await self._verify_call([item]))[0])
+                out.extend((await self._verify_call(worker_pb2.VerifyRequest(items=[item])))[0])
             except WorkerUnavailable as exc:
                 out.append(exc)
             except grpc.aio.AioRpcError as exc:
@@ -80,15 +81,15 @@ class TargetLink:
         return out, None
 
     async def tokenize(self, text: str, chat: bool, timeout: float) -> list[int]:
-        t_end = time.monotonic() + min(timeout, self.cfg.recovery_timeout_s)
+        t_end = clock.now() + min(timeout, self.cfg.recovery_timeout_s)
         while True:
             try:
-                await self.target.wait_up(max(0.1, t_end - time.monotonic()))
+                await self.target.wait_up(max(0.1, t_end - clock.now()))
                 resp = await self.target.call(
                     "Tokenize", worker_pb2.TokenizeTextRequest(text=text, chat=chat), timeout=self.cfg.rpc_timeout_s
                 )
                 return list(resp.token_ids)
             except WorkerUnavailable:
-                if time.monotonic() >= t_end:
+                if clock.now() >= t_end:
                     raise
                 await asyncio.sleep(0.05)

@@ -1,18 +1,15 @@
-"""Capacity planning: ``specdec profile`` (measure this machine), a discrete-event simulator of the
-service that runs the router's own policy (:mod:`router.policy`,
-:func:`specdec.core.prefill_plan.plan_prefill`, the core's k policy, the rebalancer of
-:mod:`router.rebalance` as ``router.target_balance`` and ``router.drafter_pool`` apply it), and
-``specdec plan`` (the cheapest deployment of a GPU catalog that meets latency and throughput
-objectives).
+"""Capacity planning: ``specdec profile`` (measure this machine), a simulator of the service that
+runs the router's own scheduler, drafting and rebalancer on a simulated clock, and ``specdec plan``
+(the cheapest deployment of a GPU catalog that meets latency and throughput objectives).
 
 * :mod:`.profile`: the profile a machine's measurements go into (JSON), torch-free.
 * :mod:`.profiler`: taking a profile (loads the models; imports torch).
 * :mod:`.catalog`: devices (bandwidth, FLOPs, memory, price) and model shapes, from ``catalog.yaml``.
 * :mod:`.costs`: what a forward costs, from a profile or from a roofline model of a catalog device.
 * :mod:`.workload`: arrivals, lengths and acceptance.
-* :mod:`.policies`: the one place the simulator calls the router's policy.
-* :mod:`.simulator`: the discrete-event simulation of a deployment; :mod:`.sim_drafting` its
-  drafting, :mod:`.sim_entities` its workers, requests and target groups.
+* :mod:`.simulator`: a deployment simulated by the router's own code; :mod:`.virtual_loop` the
+  event loop on simulated time it runs on, :mod:`.sim_workers` the workers it calls (over the
+  processor-sharing devices of :mod:`.devices`), :mod:`.sim_clients` bench serve's closed-loop clients.
 * :mod:`.predict`: a `specdec bench serve` run predicted from a profile, and put next to a measured one.
 * :mod:`.planner` and :mod:`.plan_report`: the deployment search, its table, JSON and plots.
 """

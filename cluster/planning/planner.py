@@ -20,7 +20,6 @@ from typing import Any
 
 from cluster.planning.catalog import Catalog, Device, ModelShape
 from cluster.planning.costs import RooflineCosts, fits, memory_needed_gb
-from cluster.planning.policies import RouterPolicy
 from cluster.planning.simulator import Deployment, SimResult, simulate
 from cluster.planning.workload import AcceptanceModel, LengthDist, SimRequestSpec, poisson_requests
 from router.config import RouterConfig
@@ -272,7 +271,7 @@ class _Planner:
         per_draft = math.ceil(c.groups / c.drafts) if c.drafts else 1
         dep = Deployment(
             costs=costs,
-            policy=RouterPolicy(self._router(c.k_policy, c.max_batch)),
+            router=self._router(c.k_policy, c.max_batch),
             groups=c.groups,
             drafts=c.drafts if draft is not None else 0,
             target_slots=c.max_batch,

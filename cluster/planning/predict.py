@@ -19,7 +19,6 @@ from typing import Any
 from cluster.config import ServeConfig
 from cluster.planning.costs import ProfileCosts
 from cluster.planning.greedy_path import GreedyPath
-from cluster.planning.policies import RouterPolicy
 from cluster.planning.profile import Profile, ProfileError
 from cluster.planning.simulator import Deployment, SimResult, simulate
 from cluster.planning.workload import AcceptanceModel, SimRequestSpec, WorkloadError, acceptance_pool
@@ -67,7 +66,7 @@ def _deployment(profile: Profile, serve: ServeConfig, mode: str, colocated: bool
     overlap = colocated and drafter == "draft" and serve.router.pipelined
     return Deployment(
         costs=ProfileCosts(profile, drafter, drafts_overlap_verifies=overlap),
-        policy=RouterPolicy(serve.router),
+        router=serve.router,
         groups=serve.target.replicas,
         drafts=draft.replicas if model_draft else 0,
         target_slots=serve.target.worker.num_slots,

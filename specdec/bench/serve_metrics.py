@@ -9,19 +9,25 @@ from __future__ import annotations
 import urllib.request
 from typing import Any
 
-__all__ = ["scrape", "phase_split", "sum_splits", "add_cost"]
+__all__ = ["scrape", "parse_metrics", "phase_split", "sum_splits", "add_cost"]
 
 
 def scrape(url: str | None) -> dict[str, float] | None:
     if not url:
         return None
     try:
-        from prometheus_client.parser import text_string_to_metric_families
-
         with urllib.request.urlopen(url, timeout=5) as resp:
             text = resp.read().decode()
     except Exception:  # noqa: BLE001 - the split is optional
         return None
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The series the split reads, from a Prometheus text exposition (the router's ``/metrics``;
+    the capacity simulator passes its router's registry)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:

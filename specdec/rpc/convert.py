@@ -36,6 +36,7 @@ __all__ = [
     "sequence_from_proto",
     "check_token_ids",
     "draft_to_proto",
+    "add_verify_item",
     "draft_from_proto",
     "outcome_to_proto",
     "outcome_from_proto",
@@ -175,11 +176,34 @@ def sequence_to_proto(
 ) -> worker_pb2.Sequence:
     return worker_pb2.Sequence(
         request_id=request_id,
-        tokens=list(tokens),
+        tokens=tokens,
         params=params_to_proto(params),
         mode=mode_to_proto(mode),
         k=int(k),
     )
+
+
+def add_verify_item(
+    request: worker_pb2.VerifyRequest,
+    request_id: str,
+    tokens: Sequence[int],
+    params: SamplingParams,
+    mode: VerifyMode | str | None,
+    draft: Draft,
+) -> None:
+    """Append one sequence and its draft to ``request`` in place. A sequence carries its whole
+    context every round: built into the request once, not copied in from a message of its own."""
+    item = request.items.add()
+    seq = item.sequence
+    seq.request_id = request_id
+    seq.tokens.extend(tokens)
+    seq.params.CopyFrom(params_to_proto(params))
+    seq.mode = mode_to_proto(mode)
+    d = item.draft
+    d.request_id = request_id
+    d.tokens.extend(draft.tokens)
+    for ids, probs in draft.probs or []:
+        d.dists.add(ids=ids, probs=probs)
 
 
 def check_token_ids(tokens: Iterable[int], vocab_size: int | None, field: str) -> None:

@@ -3,6 +3,7 @@ simulated workers. Costs come from small hand-written profiles, so every expecte
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -11,9 +12,8 @@ import random
 import pytest
 
 from cluster.planning.costs import ProfileCosts
-from cluster.planning.policies import RouterPolicy
 from cluster.planning.profile import Curve, DrafterStats, Grid, Overhead, Profile, ProfileError, RequestRounds
-from cluster.planning.sim_entities import CLIENT_STAGGER_S
+from cluster.planning.sim_clients import CLIENT_STAGGER_S
 from cluster.planning.simulator import Deployment, simulate
 from cluster.planning.workload import (
     AcceptanceModel,
@@ -61,7 +61,7 @@ def requests(n: int, a: float, prompt: int = 16, output: int = 32, rate: float |
 def deployment(profile: Profile | None = None, mode: str = "auto", **router) -> Deployment:
     base = {"micro_batches": 1, "predraft": False, "max_batched_tokens": 0}
     cfg = RouterConfig(**(base | router))
-    return Deployment(costs=ProfileCosts(profile or make_profile()), policy=RouterPolicy(cfg), mode=mode)
+    return Deployment(costs=ProfileCosts(profile or make_profile()), router=cfg, mode=mode)
 
 
 # ---- profile and workload ----------------------------------------------------------------------
@@ -235,15 +235,16 @@ def test_a_predraft_longer_than_the_verify_it_overlaps_is_not_sent(monkeypatch):
     """router.rebalance.predraft_room in the simulation: with 60 ms draft steps, a pre-draft (k 2 and
     the bonus token's guess: 3 steps) would run past the 100 ms verify, and a miss would wait for it.
     Only the first round's is sent (nothing is measured yet); with 10 ms steps every round's is."""
-    from cluster.planning.sim_drafting import SimDrafting
+    from router.drafter_pool import DrafterPool
 
     sent = []
-    propose = SimDrafting._propose
-    monkeypatch.setattr(
-        SimDrafting,
-        "_propose",
-        lambda self, name, jobs, k, predraft=False: sent.append(predraft) or propose(self, name, jobs, k, predraft),
-    )
+    propose = DrafterPool.propose
+
+    def counted(self, name, seqs, started=None, prefill_tokens=0, predraft=False):
+        sent.append(predraft)
+        return propose(self, name, seqs, started, prefill_tokens, predraft)
+
+    monkeypatch.setattr(DrafterPool, "propose", counted)
     for draft_ms, most in ((60.0, 1), (10.0, None)):
         sent.clear()
         res = simulate(
@@ -307,7 +308,7 @@ def test_the_routers_rebalancer_runs_in_the_simulation():
     steep.target_forward = Grid([1, 64], [1, 16], [[100.0, 1600.0], [100.0, 1600.0]])
     on = simulate(deployment(steep), requests(8, 0.05, output=64, rate=2.0))
     off_cfg = deployment(steep)
-    off_cfg.policy.cfg.rebalance = dataclasses.replace(off_cfg.policy.cfg.rebalance, enabled=False)
+    off_cfg.router.rebalance = dataclasses.replace(off_cfg.router.rebalance, enabled=False)
     off = simulate(off_cfg, requests(8, 0.05, output=64, rate=2.0))
     assert on.rebalance_actions.get("spec_off", 0) > 0 and not off.rebalance_actions
     assert on.summary["drafted"] < off.summary["drafted"]
@@ -371,7 +372,9 @@ def test_the_draft_prefill_is_one_call_per_drafter_and_round_and_the_split_repor
     split = res.summary["split"]
     cached = split["draft_prefills"] * split["draft_prefill_tokens"]
     assert 2 * (400 - 128) <= cached < 2 * 400
-    assert split["draft_prefill_tokens"] == 128  # both prompts' chunks of a round in one call
+    # both prompts' chunks of a round in one call (the router counts the tokens it sends: a prompt's
+    # first chunk also carries the token the next chunk starts from)
+    assert split["draft_prefill_tokens"] == pytest.approx(128, abs=0.5)
     assert split["draft_prefill_compute_ms"] >= 128.0  # 1 ms a token, stretched where it shared nothing
     assert "draft_prefills" not in simulate(deployment(prof, mode="off"), requests(2, 0.8, prompt=400)).summary["split"]
 
@@ -406,29 +409,54 @@ def test_calls_on_one_device_share_it_and_each_workers_telemetry_reads_its_own_c
     """Processor sharing: a colocated drafter's call slows the target's while both run (not FIFO
     behind it), a worker still runs its own calls one at a time, and its busy clock counts the
     time its calls ran, stretched, per telemetry period."""
-    import heapq
-    import itertools
+    from cluster.planning.devices import Call, Device, Worker
+    from cluster.planning.virtual_loop import VirtualClockLoop
 
-    from cluster.planning.sim_entities import Device, SimClient, Worker
+    loop = VirtualClockLoop()
+    dev = Device(loop)
+    target, draft = Worker(dev), Worker(dev)
+    verify, propose = target.submit(Call(3.0)), draft.submit(Call(1.0))
+    queued = target.submit(Call(1.0))  # behind the first on the target's own worker
 
-    events, seq, now = [], itertools.count(), [0.0]
+    async def until_done():
+        while not queued.done:
+            await asyncio.sleep(0.5)
 
-    def at(t, fn):
-        heapq.heappush(events, (t, next(seq), fn))
-
-    dev = Device(at, lambda: now[0])
-    target, draft = SimClient("t", "target", Worker(dev), 8), SimClient("d", "draft", Worker(dev), 8)
-    verify, propose = target.submit(3.0), draft.submit(1.0)
-    queued = target.submit(1.0)  # behind the first on the target's own worker
-    assert target.worker.free_at() == pytest.approx(8.0)  # 4 s of work at half speed, as things stand
-    while events:
-        now[0], _, fn = heapq.heappop(events)
-        fn()
+    loop.run_until_complete(until_done())
+    loop.close()
     # both run from 0 at half speed: the draft's 1 s ends at 2; the verify's last 2 s alone end at 4
     assert (propose.end, verify.end, queued.start, queued.end) == (2.0, 4.0, 4.0, 5.0)
     assert [round(target.busy_in(t, t + 1), 6) for t in range(5)] == [1.0] * 5
     assert [round(draft.busy_in(t, t + 1), 6) for t in range(3)] == [1.0, 1.0, 0.0]
-    assert target.worker.busy == pytest.approx(5.0) and draft.worker.busy == pytest.approx(2.0)
+    assert target.busy == pytest.approx(5.0) and draft.busy == pytest.approx(2.0)
+
+
+def test_the_virtual_clock_jumps_to_the_next_timer_and_a_stalled_simulation_raises():
+    """The loop's clock is simulated time: a 100 s sleep and a 10 s timeout take no wall time, and a
+    coroutine waiting for something nothing will ever complete ends the run with an error instead
+    of hanging it."""
+    import time
+
+    from cluster.planning.virtual_loop import SimulationStalled, VirtualClockLoop
+
+    loop = VirtualClockLoop()
+
+    async def sleeps() -> float:
+        await asyncio.sleep(100.0)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.sleep(50.0), 10.0)
+        return asyncio.get_running_loop().time()
+
+    wall = time.perf_counter()
+    assert loop.run_until_complete(sleeps()) == pytest.approx(110.0)
+    assert time.perf_counter() - wall < 5.0
+
+    async def stuck() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(SimulationStalled):
+        loop.run_until_complete(stuck())
+    loop.close()
 
 
 def test_the_rebalancer_does_not_lose_to_static_pairing_with_a_drafter_on_each_target_gpu():
@@ -453,7 +481,7 @@ def test_the_rebalancer_does_not_lose_to_static_pairing_with_a_drafter_on_each_t
         cfg = dataclasses.replace(router, rebalance=dataclasses.replace(router.rebalance, enabled=enabled))
         dep = Deployment(
             costs,
-            RouterPolicy(cfg),
+            cfg,
             groups=3,
             drafts=3,
             target_slots=32,
@@ -466,7 +494,10 @@ def test_the_rebalancer_does_not_lose_to_static_pairing_with_a_drafter_on_each_t
     assert on.unfinished == static.unfinished == 0
     assert on.rebalance_actions.get("draft_move", 0) <= len(reqs) / 4
     assert on.summary["tpot_ms_p50"] <= 1.1 * static.summary["tpot_ms_p50"]
-    assert on.summary["k_mean"] >= 0.8 * static.summary["k_mean"]
+    assert on.summary["throughput_tok_s"] >= 0.95 * static.summary["throughput_tok_s"]
+    # k itself may differ: the switch caps it in rounds whose longest draft would hold the verify
+    # (k 4.3 against 5.8 here, at the same TPOT and throughput)
+    assert on.summary["k_mean"] >= 0.5 * static.summary["k_mean"]
 
 
 def test_a_greedy_path_replays_the_same_rounds_in_every_draw():
