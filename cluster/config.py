@@ -50,7 +50,8 @@ def default_threads(role: str, cores: int | None = None, pipelined: bool = False
     behind rules in the code"). When drafting overlaps the verify (``router.predraft`` or
     ``router.micro_batches`` > 1) the cores are split instead, never oversubscribed, since two OpenMP
     teams on the same cores wait on each other's descheduled threads: the drafter gets 1 core (2
-    above 4 cores), the target the rest. Set ``threads`` in the config to override, e.g. for several replicas on one machine.
+    above 4 cores), the target the rest. Set ``threads`` in the config to override, e.g. for several
+    replicas on one machine.
     """
     cores = cores or os.cpu_count() or 1
     if not pipelined:
