@@ -46,11 +46,12 @@ def default_threads(role: str, cores: int | None = None, pipelined: bool = False
 
     The draft and the target worker are separate processes on one machine (the embedded default).
     When rounds alternate (no pre-drafting, one micro-batch: the default), only one of them computes
-    at a time, so each gets every core (faster than splitting them: bench/NOTES.md). When drafting
-    overlaps the verify (``router.predraft`` or ``router.micro_batches`` > 1) the cores are split
-    instead, never oversubscribed: two OpenMP teams on the same cores wait on each other's
-    descheduled threads (figures in bench/NOTES.md): the drafter gets 1 core (2 above 4 cores), the
-    target the rest. Set ``threads`` in the config to override, e.g. for several replicas on one machine.
+    at a time, so each gets every core (faster than splitting them: docs/results.md, "Small costs
+    behind rules in the code"). When drafting overlaps the verify (``router.predraft`` or
+    ``router.micro_batches`` > 1) the cores are split instead, never oversubscribed, since two OpenMP
+    teams on the same cores wait on each other's descheduled threads: the drafter gets 1 core (2
+    above 4 cores), the target the rest. Set ``threads`` in the config to override, e.g. for several
+    replicas on one machine.
     """
     cores = cores or os.cpu_count() or 1
     if not pipelined:

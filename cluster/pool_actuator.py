@@ -1,4 +1,4 @@
-"""The router's pool actuator on Ray (issue 12, part 1): new replicas as Ray actors with the pool's
+"""The router's pool actuator on Ray: new replicas as Ray actors with the pool's
 placement, nodes through Ray's autoscaler.
 
 A launch asks the autoscaler for room (``ray.autoscaler.sdk.request_resources`` with the bundles
@@ -7,7 +7,7 @@ creates the actor; Ray places it when a node with the pool's resources arrives. 
 bounded (``timeout``): a node that never comes is a LaunchFailed, the actor is killed and the
 request withdrawn. Retiring kills the actor and lowers the request, so the autoscaler can remove
 the idle node (after its ``idle_timeout_minutes``). Each launch's phases (node launch, actor
-start) are kept in ``launches`` for bench/NOTES.md.
+start) are kept in ``launches``, so a test or a benchmark can report them.
 
 The router sees only :class:`router.autoscaler.PoolActuator` (it never imports Ray).
 """

@@ -12,7 +12,7 @@ must be identical (greedy). Then the reaction time: a fresh rebalancing router u
 Device emulation (for CPU machines): ``target_delay_s`` (slept per Verify call: a memory-bound
 target step, flat in the tokens verified) and ``draft_delay_s`` (slept per draft token) make tiny
 models behave like a large target and a small drafter with c = draft_delay / target_delay.
-Figures and the setting they were taken in: bench/NOTES.md, "Rebalancer".
+Figures and the setting they were taken in: docs/results.md, "Rebalancer: skewed drafters".
 """
 
 from __future__ import annotations

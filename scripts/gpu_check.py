@@ -1,5 +1,5 @@
-"""The checks that need a GPU, in one run (bench/NOTES.md "GPU check"): what a lent H100/H200
-session runs, since CI and the development machines have none.
+"""The checks that need a GPU, in one run, since CI and the development machines have none
+(figures: docs/results.md, "On a GPU").
 
     python scripts/gpu_check.py [--out gpu_check.json] [--device cuda] [--quick]
 
@@ -15,7 +15,7 @@ session runs, since CI and the development machines have none.
 6. bigbatch: a decode beside 15 rows of 8-token verifies (121 GEMM rows) against the same token
    decoded alone, with the runner's CUDA GEMM blocks and without (one GEMM over all rows).
 7. prometheus: the real NVML through a draft worker's Info RPC into the router's
-   specdec_device_* series (issue 11).
+   specdec_device_* series.
 8. the timing parts of scripts/gpu_costs.py: cost, blockcost, roofline, graphs, bmmblocks.
 
 Each part runs on its own; a failure is recorded (with its traceback) and the next part runs.

@@ -1,5 +1,5 @@
 """What forwards cost on a GPU, the timing parts of scripts/gpu_check.py (which runs them with the
-checks, by name, and writes one report): bench/NOTES.md "GPU check" and the eighth session.
+checks, by name, and writes one report): docs/results.md, "On a GPU".
 
 - cost: the invariant forward against the fast one, random Qwen2.5-1.5B (28 layers), bf16.
 - blockcost: the CUDA GEMM blocks' own cost, the forwards interleaved call by call.

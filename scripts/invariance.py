@@ -1,4 +1,4 @@
-"""Measure per-row invariance (issue 15): which ops give a row different numbers depending on the
+"""Measure per-row invariance (docs/design.md, invariant 2): which ops give a row different numbers depending on the
 rest of the forward, and what the runner's invariant forward costs against the fast one.
 
     python scripts/invariance.py ops [--threads N] [--device cpu|cuda]
@@ -8,7 +8,7 @@ rest of the forward, and what the runner's invariant forward costs against the f
 `ops` prints, per op and dtype, the largest |difference| of one row's result between a reference
 shape (a 1-row GEMM, a 1-query attention over exactly its keys) and other shapes of the same call.
 `cost` times decode b=1, decode b=8 and a 6-token verify with both forwards interleaved in one
-process (ratios are what to keep; the machine may be shared). Results go to bench/NOTES.md.
+process (ratios are what to keep; the machine may be shared). Current figures: docs/results.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The target worker: the large model, where verification happens (DESIGN.md invariant 3).
+"""The target worker: the large model, where verification happens (docs/design.md, invariant 3).
 
 * :mod:`target_worker.servicer`: ``TargetServicer`` (specdec.v1.TargetService) over a
   :class:`specdec.core.target.TargetVerifier`.

@@ -13,7 +13,7 @@ Contract (the router / launcher side):
   loaded again, the server binds a new port (when port is 0) and the caches are empty. Callers find
   it again by asking the same handle (or ``ray.get_actor(name)``) for ``address()`` once gRPC says
   UNAVAILABLE; calls made while it restarts wait for it. The router replays the committed tokens
-  and the verifier rebuilds the caches from them (DESIGN.md invariant 1).
+  and the verifier rebuilds the caches from them (docs/design.md, invariant 1).
 
 Ray and torch are imported lazily, so importing this module is cheap and torch-free.
 """

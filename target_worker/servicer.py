@@ -5,7 +5,7 @@ the model is touched, so a bad item never leaves a batch half done; so is work n
 asks for: more sequences than KV slots, a draft longer than ``max_k``, more tokens than the
 context: INVALID_ARGUMENT), holds one lock around the
 runner (the gRPC thread pool calls concurrently), and lets the core do the work. Caches are keyed
-by request id and rebuilt from the committed tokens in every call (DESIGN.md invariant 1).
+by request id and rebuilt from the committed tokens in every call (docs/design.md, invariant 1).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import secrets
 import pytest
 import torch
 
-# Ray's token auth on, with a token made for this test session (DESIGN.md, conventions).
+# Ray's token auth on, with a token made for this test session (docs/design.md, Conventions).
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 # The router <-> worker shared secret, one per session as `specdec serve` makes one per start:

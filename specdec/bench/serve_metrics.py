@@ -104,7 +104,7 @@ def phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | Non
 
 
 def add_cost(summary: dict[str, Any]) -> None:
-    """c = draft wait per draft step / verify time per round (DESIGN.md's c as the pipeline sees
+    """c = draft wait per draft step / verify time per round (docs/design.md's c, Speed, as the pipeline sees
     it; drafting of a batch runs in steps, one per draft position) and the sequential bound
     tau / (k c + 1), with k the mean draft length per request-round."""
     split = summary.get("split")

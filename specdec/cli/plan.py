@@ -398,7 +398,7 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=0.05,
         help="spread of each simulated call's time, exp(N(0, JITTER)): the service's own (its Verify of one"
-        " shape spread ~6 %% on the CPU VM, bench/NOTES.md); the router's k follows measured times",
+        " shape spread ~6 %% on a 2-core CPU VM); the router's k follows measured times",
     )
     p.add_argument("--separate-devices", action="store_true", help="draft and target on their own devices")
     p.add_argument("--json", default=None, metavar="OUT")

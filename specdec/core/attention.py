@@ -2,8 +2,8 @@
 
 torch's scaled_dot_product_attention picks its kernel and its blocking from the shapes of the call:
 the same query gets different bf16 (and float32) outputs in a 1-token decode, inside a k+1-token
-verify, next to a longer row, or over a padded key span (bench/NOTES.md, "bf16 invariance"). Greedy
-speculative decoding is lossless only if it does not (DESIGN.md invariant 2), so this computes
+verify, next to a longer row, or over a padded key span (`scripts/invariance.py ops` shows which). Greedy
+speculative decoding is lossless only if it does not (docs/design.md, invariant 2), so this computes
 attention with explicit reductions whose order is fixed by construction:
 
 * scores are one float32 GEMM per kv head (each a dot product over the head dim), the weighted
@@ -23,20 +23,21 @@ import torch
 import torch.nn.functional as F
 
 KEY_BLOCK = 64
-# A CPU GEMM rounds a row according to the block of rows it is computed in (bench/NOTES.md, "bf16
-# invariance"). float32 (MKL): a block of 4 rows one way, a remainder of 1-3 rows another; several
+# A CPU GEMM rounds a row according to the block of rows it is computed in (`scripts/invariance.py
+# ops`). float32 (MKL): a block of 4 rows one way, a remainder of 1-3 rows another; several
 # threads split the rows in blocks of 4, so only an M that is a multiple of 4 rounds every row the
 # same way. bf16 (oneDNN): M = 1 one way, every M >= 2 the other (measured with 1 to 16 threads).
 MIN_GEMM_ROWS = 4  # float32, and the attention (whose GEMMs are float32 whatever the model dtype)
 MIN_BF16_GEMM_ROWS = 2
 # A CUDA GEMM (cuBLAS) picks its kernel, and with it how a row is rounded, by the whole shape: on an
 # H100, a bf16 row of Qwen2.5-1.5B's down projection rounds one way at M <= 88 and another beyond,
-# float32 rows change at M = 2, 9, 12, 17, ... (bench/NOTES.md "GPU check"). The invariant forward
-# runs each CUDA weight GEMM over blocks of exactly this many rows, so every row gets one kernel.
+# float32 rows change at M = 2, 9, 12, 17, ... (`scripts/gpu_check.py`; docs/results.md, "On a GPU").
+# The invariant forward runs each CUDA weight GEMM over blocks of exactly this many rows, so every
+# row gets one kernel.
 CUDA_GEMM_BLOCK = 64
 # The CPU rule above is the BLAS's, so it is measured, not assumed: on an Intel Xeon with AMX (torch
 # 2.13) a float32 row of SmolLM2's down projection rounds one way at M = 16-56 and another at
-# 57-192, and a bf16 row of its up projection changes past M = 32 (bench/NOTES.md, eighth session).
+# 57-192, and a bf16 row of its up projection changes past M = 32.
 # Where `padding_rule_holds` finds that, the CPU runs weight GEMMs in blocks of exactly this many rows
 # too (every row then gets one kernel, whatever its position: checked there as well).
 CPU_GEMM_BLOCK = 16

@@ -57,7 +57,7 @@ def frequency_ranked_vocab(tokenizer, n: int) -> list[int]:
     later id whose text is only whitespace and punctuation. Merge order ranks words well but not
     the markup a chat or code model emits all the time: Qwen2.5's code fence "```" is id 73594, so a
     32,768-id draft could never propose the fence that opens almost every coding answer, and every
-    request's first draft failed at its first token (bench/NOTES.md, 2026-11-27). The markup adds
+    request's first draft failed at its first token. The markup adds
     ~3,600 rows to Qwen's 32,768."""
     specials = [int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})]
     size = len(tokenizer)

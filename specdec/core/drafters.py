@@ -114,7 +114,8 @@ class ModelDrafter:
         self.lookup = lookup
         self.max_guesses = max_guesses  # per forward: a few more rows cost little in a memory-bound step
         # ...up to a point: the int8 CPU kernel works in blocks of 4 rows, a fifth row costs a second
-        # block (`specdec bench runner --as-draft --tokens-sweep`, bench/NOTES.md).
+        # block (`specdec bench runner --as-draft --tokens-sweep`; docs/results.md, "Small costs behind rules
+        # in the code").
         self.cheap_rows = cheap_rows
         # Per request, living and dying with its slot (SlotTable.on_free):
         self.guess_budget: dict[str, int] = {}  # 1 after a miss, max_guesses after a hit
@@ -217,7 +218,7 @@ class ModelDrafter:
         """One forward of the rows; two where some feed a prompt (longer than :data:`_LONG_FEED`)
         beside one-token rows, whose attention the runner would pad to the prompt's width: a
         prompt of 180 tokens beside 3 decoding rows took 342 ms in one forward, 214-240 + 36 in
-        two (bench/NOTES.md, fifteenth session)."""
+        two (docs/results.md, "Small costs behind rules in the code")."""
         long = [i for i, f in enumerate(feeds) if len(f) > _LONG_FEED]
         short = [i for i, f in enumerate(feeds) if len(f) <= _LONG_FEED]
         if not long or not short:

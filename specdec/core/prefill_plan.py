@@ -9,7 +9,7 @@ prompt that needs only one more chunk (a short new request) gets it in the first
 the oldest prompt's chunk, so it is not stuck behind a queue of chunks.
 
 A plain function of queue state and budget, shared by the router, the engine and the capacity
-simulator (DESIGN.md, "Scheduling").
+simulator (docs/design.md, Scheduling).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 # Defaults sized on the 2-core CPU machine, where a round of one or two chunks stays near a second
-# on the default models (bench/NOTES.md, "Chunked prefill"); configs/cluster.yaml sets GPU values.
+# on the default models (docs/results.md, "Chunked prefill"); configs/cluster.yaml sets GPU values.
 DEFAULT_CHUNK = 128
 DEFAULT_BUDGET = 256
 
@@ -46,7 +46,7 @@ def round_budget(budget: int, tokens_per_row: float) -> int:
     round that commits more tokens per row may spend as many times more. Prompts then get the same
     prefill tokens per committed token, and running requests the same stall per token, whatever
     the speculation. With a fixed budget a speculative round (several times longer) prefilled
-    several times slower, and bursts of prompts reached decoding late (bench/NOTES.md)."""
+    several times slower, and bursts of prompts reached decoding late."""
     return budget if budget <= 0 else int(budget * max(1.0, tokens_per_row))
 
 

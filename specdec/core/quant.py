@@ -48,5 +48,5 @@ def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight, bias: torch.Tensor | N
 
 def int8_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """The fused kernel pays on the CPU for bf16 activations; with float32 it is slower than dense,
-    so keep dense there (figures: bench/NOTES.md)."""
+    so keep dense there (docs/results.md, "Small costs behind rules in the code")."""
     return device.type == "cpu" and dtype == torch.bfloat16

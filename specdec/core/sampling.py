@@ -2,7 +2,7 @@
 
 Everything here is pure (no model, no I/O) and runs the same on CPU and GPU tensors.
 
-Two kinds of randomness are used (DESIGN.md invariant 2):
+Two kinds of randomness are used (docs/design.md, invariant 2):
 
 * a ``torch.Generator`` (CPU) for rejection sampling: verifier acceptance tests and the
   drafter's own samples.  Uniforms are always drawn on the CPU generator and applied by
@@ -42,7 +42,7 @@ __all__ = [
 _U64 = 2**64  # seeds are taken modulo 2**64
 # top_p looks at the 256, then 4096 most likely tokens, and sorts the whole row only when their
 # mass is still below top_p (rare with real LMs): a full sort of a 150k vocabulary is slow
-# (bench/NOTES.md, "Timings kept out of the code").
+# (docs/results.md, "Small costs behind rules in the code").
 _TOP_P_SIZES = (256, 4096)
 
 
@@ -120,7 +120,8 @@ def gumbel_noise(
 
     Philox4x64 keyed by (seed, position) gives 64-bit words; the top 53 bits make
     u in (0, 1) exactly representable in float64, and g = -log(-log u) is computed in float64
-    before rounding to float32.  No cache: it is cheap next to a forward (bench/NOTES.md).
+    before rounding to float32.  No cache: it is cheap next to a forward (docs/results.md, "Small costs
+    behind rules in the code").
     """
     import numpy as np
     import torch

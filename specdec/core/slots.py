@@ -1,6 +1,6 @@
 """Request id -> KV slot, with least-recently-used eviction.
 
-Worker caches are caches (DESIGN.md invariant 1): when every slot is taken, the slot of the
+Worker caches are caches (docs/design.md, invariant 1): when every slot is taken, the slot of the
 request idle the longest may be reused, because a request that comes back brings its committed
 tokens and its cache is rebuilt from them. So a router that died without releasing its requests
 cannot leave a worker full for good.

@@ -1,4 +1,4 @@
-"""Stop conditions applied to every accepted token, in order (DESIGN.md invariant 5).
+"""Stop conditions applied to every accepted token, in order (docs/design.md, invariant 5).
 
 Rules (the same as vLLM's defaults):
 

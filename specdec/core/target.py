@@ -3,7 +3,7 @@
 Used by the single-process engine and by the target worker alike. The cache of a request is a
 cache: each call carries the request's committed tokens, and the verifier rolls its slot back to
 the longest prefix it still holds and feeds the rest, so a missing or stale cache (a restarted
-worker, a replaced router) is rebuilt from the tokens alone (DESIGN.md invariant 1).
+worker, a replaced router) is rebuilt from the tokens alone (docs/design.md, invariant 1).
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ class TargetVerifier:
         return results
 
     def _invariant(self, params: Iterable[SamplingParams]) -> bool:
-        # The fast forward costs less (float32 CPU decode above all: bench/NOTES.md); a batch of
+        # The fast forward costs less (float32 CPU decode above all: docs/results.md, "Lossless output
+        # and the invariant forward"); a batch of
         # only unseeded sampling requests, whose promise is a distribution, may take it.
         return self.runner.invariant_numerics and any(needs_invariance(p) for p in params)
 

@@ -1,4 +1,4 @@
-"""What a router needs of the target's tokenizer, without the model files (issue 12, part 2).
+"""What a router needs of the target's tokenizer, without the model files.
 
 The target worker exports its tokenizer (``tokenizer.json``, chat template, special and EOS ids)
 through ``TargetService.GetTokenizer``; the router rebuilds its detokenizer from that, so the head

@@ -7,7 +7,7 @@ attention: the KV heads are divided between the ranks, or, with fewer KV heads t
 KV head is replicated on the ranks whose query heads use it. The KV cache then holds only the
 rank's KV heads. The lm_head is split by vocabulary and the logit slices gathered on rank 0
 (``split``), or kept whole on every rank (``replicated``: only rank 0 computes it); the faster
-one is the default (figures in bench/NOTES.md).
+one is the default (docs/results.md, "Tensor parallelism on a CPU").
 
 Int8 weights (per-output-row scales) and vocabulary subsets shard too: a row slice keeps its
 rows' scales, and a column slice keeps every row's scale, so the sharded sums equal the unsharded
@@ -28,7 +28,7 @@ from specdec.core.runner import ModelRunner, RunnerError, Weight
 log = logging.getLogger(__name__)
 
 LM_HEAD_MODES = ("split", "replicated")
-# The faster of the two in `specdec bench runner --tp 2` (Qwen 1.5B bf16, CPU; bench/NOTES.md): the
+# The faster of the two in `specdec bench runner --tp 2` (Qwen 1.5B bf16, CPU; docs/results.md): the
 # split mode's extra gather costs more than rank 0 reading the whole lm_head. Re-measure on GPUs.
 DEFAULT_LM_HEAD = "replicated"
 

@@ -1,4 +1,4 @@
-"""Lossless verification of one speculative round (DESIGN.md invariant 2).
+"""Lossless verification of one speculative round (docs/design.md, invariant 2).
 
 A round for one sequence: the target produced logits for k+1 positions — the last committed
 token followed by the k draft tokens — and row j predicts the token at absolute position

@@ -1,6 +1,6 @@
 """Conversions between the core's types and the specdec.v1 worker messages.
 
-Torch-free on purpose (the router imports it and never imports torch, DESIGN.md rules of the
+Torch-free on purpose (the router imports it and never imports torch, docs/design.md, Rules of the
 house): it only touches ``specdec.core.params`` / ``specdec.core.verify`` data classes, which import torch
 lazily, and the generated stubs.
 

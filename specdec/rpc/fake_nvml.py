@@ -1,6 +1,6 @@
 """A FAKE NVML for tests and CPU benchmarks: nvidia-ml-py's function names, values from a script.
 
-No test may need a GPU (DESIGN.md), yet the NVML path of :mod:`specdec.rpc.nvml` must run in tests.
+No test may need a GPU (docs/design.md, invariant 6), yet the NVML path of :mod:`specdec.rpc.nvml` must run in tests.
 :class:`FakeNvml` is injected where the real ``pynvml`` module would be (the sampler's ``nvml``
 argument, or ``telemetry.fake_nvml`` in a worker config, which reaches Ray actors too). It is a
 fake, named as one: nothing here reads hardware.

@@ -1,6 +1,6 @@
 """One GPU read through NVML (nvidia-ml-py, or the fake of :mod:`specdec.rpc.fake_nvml`).
 
-Signals (DESIGN.md "Telemetry"): ``nvmlDeviceGetUtilizationRates`` gives the share of the last
+Signals (docs/design.md, Telemetry): ``nvmlDeviceGetUtilizationRates`` gives the share of the last
 sample period in which *any* kernel ran (``gpu``) and the memory controller's busy share
 (``memory``); a tiny kernel running all the time reads 100 %. Where the driver offers GPM
 (Hopper and later), ``sm_active`` (share of SMs busy) and ``sm_occupancy`` (active warps vs the

@@ -165,7 +165,7 @@ class WorkerMeter:
 
     bench_step_delay_s: TEST/BENCHMARK KNOB, not for production: every :meth:`compute` section
       sleeps this many seconds per model step (a draft token, a verify call), counted as busy, to
-      emulate a slower device (tests of the rebalancer, bench/NOTES.md "Rebalancer").
+      emulate a slower device (tests of the rebalancer, `specdec bench rebalance`).
     """
 
     def __init__(self, bench_step_delay_s: float = 0.0):

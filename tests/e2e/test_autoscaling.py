@@ -1,4 +1,4 @@
-"""Real autoscaling on one machine (issue 12, part 3): `specdec serve --address` on Ray's fake
+"""Real autoscaling on one machine: `specdec serve --address` on Ray's fake
 multi-node autoscaler.
 
 Inside its own PID, mount and network namespaces (``unshare``: the cluster's start and stop run
@@ -13,8 +13,8 @@ actor serves requests (the draft pool grows too, on a draft node, when the polic
 drafter saturated: in some runs, not all; the test does not depend on it). The burst ends -> both
 pools drain to their minimum (target 1, draft 0), the actors are retired and the autoscaler
 removes the idle nodes. Every request's output is the target's greedy output (plain transformers
-decoding); nothing is left running. The phases' times are printed (a JSON line) and kept in
-bench/NOTES.md. A failed run keeps its files in /tmp/specdec-autoscale-* (the failure message
+decoding); nothing is left running. The phases' times are printed (a JSON line; current
+figures in docs/results.md, "Operations"). A failed run keeps its files in /tmp/specdec-autoscale-* (the failure message
 says where); a passing run removes them.
 """
 
@@ -103,7 +103,7 @@ def _growth(events: list, pool: str, start: float) -> dict | None:
 
 
 def figures(result: dict) -> dict:
-    """Seconds of each phase (bench/NOTES.md), from the serve log's timing lines and the node samples."""
+    """Seconds of each phase (docs/results.md, "Operations"), from the serve log's timing lines and the node samples."""
     ev, b = result["events"], result["burst"]
     new_served = next(t for t, e, r in ev if e == "first_served" and "-as" in r)
     back = next((t for t, c in result["nodes"] if t > b["end"] and c == result["min_nodes"]), None)

@@ -16,7 +16,7 @@ file's file_mounts, cluster/env.sh points Ray at it; a Ray client without it (`r
 `ray exec` with another token, is refused with Ray's InvalidAuthToken, and with it let in.
 If the worker machine fails to start (on a loaded machine its raylet can miss
 Ray's fixed 15 s wait for its dashboard agent, and the autoscaler never retries a local machine),
-the run does what an operator would: `ray up` once more (printed, and in bench/NOTES.md). A failed
+the run does what an operator would: `ray up` once more (and prints that it did). A failed
 run keeps its logs in /tmp/specdec-ray-up-* (the failure message says where); a passing run
 removes them.
 """

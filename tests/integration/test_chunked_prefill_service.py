@@ -2,7 +2,8 @@
 
 Router + draft and target Ray actors on tiny models (fp32), with a small chunk and budget so a few
 hundred prompt tokens take many rounds. The checks are structural (counts of chunks and rounds),
-never timings: the speed figures are `specdec bench serve --workload mixed` in bench/NOTES.md.
+never timings: the speed figures are `specdec bench serve --workload mixed` (docs/results.md,
+"Chunked prefill").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The router without model files (issue 12, part 2): GetTokenizer, fingerprints, refusing a drafter.
+"""The router without model files: GetTokenizer, fingerprints, refusing a drafter.
 
 Real workers (tiny models) served in this process over real gRPC on loopback, the real router with
 no local tokenizer: its text must equal the transformers tokenizer's, and a drafter whose

@@ -1,4 +1,4 @@
-"""Draft and target workers as Ray actors serving gRPC on loopback (issue 5, section 2).
+"""Draft and target workers as Ray actors serving gRPC on loopback.
 
 A real local Ray cluster (conftest ``ray_cluster``), real gRPC through the generated stubs and the
 real grpcurl binary, tiny random models. Rounds are driven by hand (propose -> verify -> commit,
@@ -359,7 +359,7 @@ def test_calls_need_the_worker_secret(workers, reference):
 
 
 def test_work_no_router_round_asks_for_is_refused(workers, reference):
-    """A k above max_k (the issue's 33-byte Propose that drafted 4,088 tokens), a draft longer than
+    """A k above max_k (once, a 33-byte Propose could make a drafter draft 4,088 tokens), a draft longer than
     max_k, more sequences than KV slots and more tokens than the context: INVALID_ARGUMENT, up front."""
     t, d, prompt, C = workers.target.stub, workers.draft.stub, reference["prompt"], grpc.StatusCode
     big_k = sequence_to_proto("big-k", prompt, GREEDY, None, k=4088)

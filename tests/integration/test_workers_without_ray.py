@@ -1,4 +1,4 @@
-"""The worker side without Ray (issue 5, section 2): the proto conversions the router and the
+"""The worker side without Ray: the proto conversions the router and the
 workers share (torch-free), the error-to-status mapping, the asyncio gRPC server the router uses
 (health, reflection, errors from coroutines, listed by the real grpcurl), and the workers'
 entry points started by hand (``python -m draft_worker``, ``python -m target_worker``)."""

@@ -1,4 +1,4 @@
-"""A row's logits do not depend on the rest of the forward (issue 15, DESIGN.md invariant 2).
+"""A row's logits do not depend on the rest of the forward (docs/design.md, invariant 2).
 
 Property: a token sequence fed in random chunks (a prefill, 1-token decodes, k+1-token verifies
 with k up to 12), each chunk in one forward beside 0..7 other rows (prefill, decode or verify at

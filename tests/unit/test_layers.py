@@ -1,4 +1,4 @@
-"""The house's layers (DESIGN.md, rules of the house), checked by import-linter's contracts in pyproject.toml."""
+"""The house's layers (docs/design.md, Rules of the house), checked by import-linter's contracts in pyproject.toml."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """specdec.bench.soak without a service: the table, the metrics it reads, and no local processes
-for an address nothing listens on (the soak itself ran against `specdec serve`: bench/NOTES.md)."""
+for an address nothing listens on (the soak itself runs against `specdec serve`: docs/results.md, "Operations")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stops inside accepted chunks (specdec/core/stops.py, DESIGN.md invariant 5)."""
+"""Stops inside accepted chunks (specdec/core/stops.py, docs/design.md, invariant 5)."""
 
 from __future__ import annotations
 

@@ -240,7 +240,7 @@ class DraftService:
 
 class TargetServiceStub:
     """A target worker (group): the large model, where verification happens
-    (DESIGN.md, invariant 3).
+    (docs/design.md, invariant 3).
     """
 
     def __init__(self, channel):
@@ -283,7 +283,7 @@ class TargetServiceStub:
 
 class TargetServiceServicer:
     """A target worker (group): the large model, where verification happens
-    (DESIGN.md, invariant 3).
+    (docs/design.md, invariant 3).
     """
 
     def Prefill(self, request, context):
@@ -378,7 +378,7 @@ def add_TargetServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class TargetService:
     """A target worker (group): the large model, where verification happens
-    (DESIGN.md, invariant 3).
+    (docs/design.md, invariant 3).
     """
 
     @staticmethod
