@@ -23,10 +23,11 @@ drafter in the background (a restarted Ray actor has a new port) and speculation
 answers again. A target failure makes the round wait for the target to come back and replays it
 (:mod:`router.target_link`).
 
-Rebalancing (router/rebalance.py, when ``rebalance.enabled``): drafts come from the drafter pool
-shared by all targets; the target's depth level (set from its device telemetry by
-router/rebalancer.py) bounds the adaptive k and turns pre-drafting on or off; and each round,
-AUTO requests stop speculating while the measured goodput says plain decoding is faster.
+Rebalancing (when ``rebalance.enabled``): drafts come from the drafter pool shared by all targets
+(router/drafter_choice.py); the target's depth level (router/draft_depth.py, set from its device
+telemetry by router/telemetry_loop.py) bounds the adaptive k and turns pre-drafting on or off; and
+each round, AUTO requests stop speculating while the measured goodput says plain decoding is
+faster (router/speculation_off.py).
 """
 
 from __future__ import annotations
@@ -40,19 +41,19 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
+from router.batching import (
+    batch_capacity,
+    can_admit,
+    lane_share,
+    request_k_policy,
+    resolve_spec,
+)
 from router.config import RouterConfig
+from router.draft_depth import policy_k
 from router.drafter_pool import DrafterPool
 from router.drafting import DraftSource
 from router.jobs import Chunk, Job, QueueFull, next_job_key
 from router.metrics import Metrics
-from router.policy import (
-    batch_capacity,
-    can_admit,
-    lane_share,
-    policy_k,
-    request_k_policy,
-    resolve_spec,
-)
 from router.target_balance import TargetBalance
 from router.target_link import TargetLink
 from router.workers import WorkerClient, WorkerUnavailable
