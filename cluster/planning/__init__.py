@@ -1,7 +1,8 @@
 """Capacity planning: ``specdec profile`` (measure this machine), a discrete-event simulator of the
-service that runs the router's own policy (:mod:`router.policy`,
-:func:`specdec.core.prefill_plan.plan_prefill`, the core's k policy, the rebalancer of
-:mod:`router.rebalance` as ``router.target_balance`` and ``router.drafter_pool`` apply it), and
+service that runs the router's own policy (:mod:`router.batching`,
+:func:`specdec.core.prefill_plan.plan_prefill`, the core's k policy, the decisions of
+:mod:`router.draft_depth`, :mod:`router.speculation_off`, :mod:`router.drafter_choice` and
+:mod:`router.target_choice` as ``router.target_balance`` and ``router.drafter_pool`` apply them), and
 ``specdec plan`` (the cheapest deployment of a GPU catalog that meets latency and throughput
 objectives).
 
