@@ -43,7 +43,6 @@ from specdec.rpc.worker_config import strict_from_dict
 
 __all__ = [
     "DraftDepthConfig",
-    "LEVELS",
     "DepthState",
     "DepthPlan",
     "saturation",
@@ -57,9 +56,6 @@ __all__ = [
     "capped",
     "is_catch_up",
 ]
-
-LEVELS = ("shallow", "normal", "deep")
-
 
 @dataclass(frozen=True)
 class DraftDepthConfig:
