@@ -57,6 +57,7 @@ __all__ = [
     "is_catch_up",
 ]
 
+
 @dataclass(frozen=True)
 class DraftDepthConfig:
     """The router config's ``draft_depth`` section (the depth level by device load).
