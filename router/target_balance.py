@@ -4,8 +4,8 @@ telemetry, every period) and the speculation switch of its AUTO requests (every 
 The decisions themselves are the plain functions of :mod:`router.draft_depth` (how deep to draft)
 and :mod:`router.speculation_off` (when speculation switches off), pricing drafts by
 :mod:`router.drafter_choice`; this class feeds them the scheduler's state and applies, logs and
-counts what they return. With ``rebalance.enabled``
-false it changes nothing (depth ``normal``, speculation by acceptance only).
+counts what they return. With ``rebalance.enabled`` false it changes nothing (depth ``normal``,
+speculation by acceptance only).
 """
 
 from __future__ import annotations
