@@ -1,4 +1,4 @@
-"""Applies the pool-size policy (router/scaling.py): every ``rebalance.period_s`` it observes both
+"""Applies how big each pool is (router/pool_size.py): every ``rebalance.period_s`` it observes both
 pools, and adds a replica through the actuator or drains one.
 
 The actuator is the small interface the router gets from cluster/ (which places Ray actors and asks
@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any, Protocol
 
-from router.scaling import POOLS, ScaleConfig, ScaleState, draft_observation, plan_pool, target_observation
+from router.pool_size import POOLS, PoolSizeConfig, ScaleState, draft_observation, plan_pool, target_observation
 from router.workers import Endpoint
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class PoolActuator(Protocol):
 
 
 class Autoscaler:
-    def __init__(self, router: Any, actuator: PoolActuator, config: ScaleConfig):
+    def __init__(self, router: Any, actuator: PoolActuator, config: PoolSizeConfig):
         """``router``: the :class:`router.server.Router` (not imported: it imports this module)."""
         self.router = router
         self.actuator = actuator

@@ -1,4 +1,12 @@
-"""Router settings: queue and batch sizes, the k policy, pipelining, fail-open deadlines, ports.
+"""Router settings: queue and batch sizes, the k policy, pipelining, fail-open deadlines, ports,
+and one section per policy decision, each defined beside the decision it configures:
+
+* ``drafter_choice``: which drafter serves a request (router/drafter_choice.py);
+* ``draft_depth``: how deep to draft (router/draft_depth.py);
+* ``speculation_off``: when speculation switches off under load (router/speculation_off.py);
+* ``target_choice``: which target gets a request (router/target_choice.py);
+* ``scaling``: how big each pool is (router/pool_size.py);
+* ``rebalance``: whether the router rebalances at all, and how often it re-plans (here).
 
 A plain dataclass (no torch, no Ray): `cluster/` builds it from the YAML config's ``router``
 section, tests build it directly.
@@ -7,17 +15,86 @@ section, tests build it directly.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-from router.rebalance import RebalanceConfig
-from router.scaling import ScaleConfig
+from router.draft_depth import DraftDepthConfig
+from router.drafter_choice import DrafterChoiceConfig
+from router.pool_size import PoolSizeConfig
+from router.speculation_off import SpeculationOffConfig
+from router.target_choice import TargetChoiceConfig
 from specdec.core.prefill_plan import DEFAULT_BUDGET, DEFAULT_CHUNK
 from specdec.core.request_state import KPolicy
 from specdec.rpc.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, ConnectionLimits
 from specdec.rpc.worker_config import strict_from_dict
 
-__all__ = ["RouterConfig", "kpolicy_from_dict"]
+__all__ = ["RouterConfig", "RebalanceConfig", "LEGACY_KEYS", "kpolicy_from_dict"]
+
+# Keys of the ``rebalance`` section before it was split by decision, and where each lives now
+# (section, key): configurations that still write them keep working.
+LEGACY_KEYS: dict[str, tuple[str, str]] = {
+    "latency_weight": ("drafter_choice", "latency_weight"),
+    "stale_s": ("drafter_choice", "stale_s"),
+    "forget_s": ("drafter_choice", "forget_s"),
+    "move_margin": ("drafter_choice", "move_margin"),
+    "move_cooldown_s": ("drafter_choice", "move_cooldown_s"),
+    "util_weight": ("drafter_choice", "util_weight"),
+    "hot_utilization": ("drafter_choice", "hot_utilization"),
+    "low_utilization": ("draft_depth", "low_utilization"),
+    "high_utilization": ("draft_depth", "high_utilization"),
+    "band": ("draft_depth", "band"),
+    "growth_saturated": ("draft_depth", "growth_saturated"),
+    "depth_samples": ("draft_depth", "samples"),
+    "depth_cooldown_s": ("draft_depth", "cooldown_s"),
+    "deep_wait_share": ("draft_depth", "deep_wait_share"),
+    "deep_extra_k": ("draft_depth", "deep_extra_k"),
+    "deep_cost_scale": ("draft_depth", "deep_cost_scale"),
+    "spec_off_margin": ("speculation_off", "off_margin"),
+    "spec_on_margin": ("speculation_off", "on_margin"),
+    "spec_min_evidence": ("speculation_off", "min_evidence"),
+    "spec_cooldown_s": ("speculation_off", "cooldown_s"),
+    "saturated_penalty": ("target_choice", "saturated_penalty"),
+}
+_SECTIONS = {
+    "drafter_choice": DrafterChoiceConfig,
+    "draft_depth": DraftDepthConfig,
+    "speculation_off": SpeculationOffConfig,
+    "target_choice": TargetChoiceConfig,
+}
+
+
+@dataclass(frozen=True)
+class RebalanceConfig:
+    """The router config's ``rebalance`` section: whether the router rebalances, and how often.
+
+    enabled: False = static pairing (each target drafts on its own drafter, depth by acceptance
+      only, no goodput switch): what the router did before the rebalancer.
+    period_s: how often the router polls worker telemetry and re-plans depth and pool sizes.
+
+    The section's older keys (``move_margin``, ``spec_off_margin``, ...) are still accepted: the
+    router config moves each into its decision's section (:data:`LEGACY_KEYS`).
+    """
+
+    enabled: bool = True
+    period_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not float(self.period_s) > 0:
+            raise ValueError("router.rebalance.period_s must be > 0")
+
+    @classmethod
+    def from_dict(cls, d: dict | RebalanceConfig | None) -> RebalanceConfig:
+        if isinstance(d, cls):
+            return d
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(
+                f"router.rebalance: unknown keys {unknown} (known: {sorted(known)}; and, moved to their "
+                f"decision's section: {sorted(LEGACY_KEYS)})"
+            )
+        return cls(**d)
 
 
 def kpolicy_from_dict(d: dict | KPolicy | None) -> KPolicy:
@@ -44,8 +121,7 @@ class RouterConfig:
       AdaptiveK); a request's own ``speculation.k`` is capped at ``k_policy.k_max``.
     default_mode: what SPECULATION_MODE_AUTO / UNSPECIFIED means: "draft" (the draft worker;
       n-gram when the deployment has none), "ngram" or "off".
-    auto_off_batch: auto-mode requests stop speculating while more than this many requests run on
-      their target (batched verification turns compute-bound; 0 = never).
+    auto_off_batch: still accepted here: ``speculation_off.auto_off_batch``.
     micro_batches: pipelining lanes per target: with 2, while the target verifies one micro-batch
       the drafter drafts for the other. 1 = no micro-batching.
     split_min_batch: split into micro-batches only with at least this many running requests
@@ -67,9 +143,13 @@ class RouterConfig:
     recovery_timeout_s: how long requests wait for a restarted target before UNAVAILABLE.
     ngram_max / ngram_min: window of the router's local n-gram drafter.
     grace_s: on shutdown, time given to running requests before they end as "cancelled".
-    rebalance: :class:`router.rebalance.RebalanceConfig` fields: the shared drafter pool, depth by
-      device load, speculation off by goodput, routing by load; ``enabled: false`` = static pairing.
-    scaling: :class:`router.scaling.ScaleConfig` fields: pool sizes (off unless ``enabled``).
+    rebalance: :class:`RebalanceConfig` fields: ``enabled: false`` = static pairing; the period.
+    drafter_choice: :class:`router.drafter_choice.DrafterChoiceConfig` fields: the shared drafter pool.
+    draft_depth: :class:`router.draft_depth.DraftDepthConfig` fields: depth by device load.
+    speculation_off: :class:`router.speculation_off.SpeculationOffConfig` fields: the batch-size gate
+      and speculation off by goodput.
+    target_choice: :class:`router.target_choice.TargetChoiceConfig` fields: routing by load.
+    scaling: :class:`router.pool_size.PoolSizeConfig` fields: pool sizes (off unless ``enabled``).
     max_inflight_per_client: Generation calls one client (its bearer token, else its address) may
       have running at once; beyond it RESOURCE_EXHAUSTED with a RetryInfo (router.client_limit).
       0 = no limit. Raise it when one backend fronts many users without tokens of their own.
@@ -93,7 +173,7 @@ class RouterConfig:
     max_prompt_bytes: int = 0
     k_policy: KPolicy = field(default_factory=lambda: KPolicy(k=4, adaptive=True, k_min=1, k_max=12))
     default_mode: str = "draft"
-    auto_off_batch: int = 0
+    auto_off_batch: InitVar[int | None] = None
     micro_batches: int = 2
     split_min_batch: int = 4
     predraft: bool = False
@@ -108,7 +188,11 @@ class RouterConfig:
     ngram_min: int = 1
     grace_s: float = 5.0
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
-    scaling: ScaleConfig = field(default_factory=ScaleConfig)
+    drafter_choice: DrafterChoiceConfig = field(default_factory=DrafterChoiceConfig)
+    draft_depth: DraftDepthConfig = field(default_factory=DraftDepthConfig)
+    speculation_off: SpeculationOffConfig = field(default_factory=SpeculationOffConfig)
+    target_choice: TargetChoiceConfig = field(default_factory=TargetChoiceConfig)
+    scaling: PoolSizeConfig = field(default_factory=PoolSizeConfig)
     max_inflight_per_client: int = 32
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     keepalive_time_s: float = 30.0
@@ -123,10 +207,19 @@ class RouterConfig:
         worker then compute at the same time."""
         return self.predraft or self.micro_batches > 1
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, auto_off_batch: int | None) -> None:
         self.k_policy = kpolicy_from_dict(self.k_policy)
+        if isinstance(self.rebalance, dict):
+            rebalance = dict(self.rebalance)
+            for old in [k for k in rebalance if k in LEGACY_KEYS]:
+                self._move(f"router.rebalance.{old}", *LEGACY_KEYS[old], rebalance.pop(old))
+            self.rebalance = rebalance
+        if auto_off_batch is not None:
+            self._move("router.auto_off_batch", "speculation_off", "auto_off_batch", auto_off_batch)
         self.rebalance = RebalanceConfig.from_dict(self.rebalance)
-        self.scaling = ScaleConfig.from_dict(self.scaling)
+        for name, cls in _SECTIONS.items():
+            setattr(self, name, cls.from_dict(getattr(self, name)))
+        self.scaling = PoolSizeConfig.from_dict(self.scaling)
         if self.default_mode not in ("draft", "ngram", "off"):
             raise ValueError(f"router.default_mode must be draft, ngram or off (got {self.default_mode!r})")
         if not isinstance(self.max_batched_tokens, int):
@@ -135,7 +228,7 @@ class RouterConfig:
             v = getattr(self, key)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"router.{key} must be an integer >= 1 (got {v!r})")
-        for key in ("max_batch", "auto_off_batch", "max_prompt_bytes", "max_inflight_per_client"):
+        for key in ("max_batch", "max_prompt_bytes", "max_inflight_per_client"):
             v = getattr(self, key)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"router.{key} must be an integer >= 0 (got {v!r})")
@@ -156,9 +249,26 @@ class RouterConfig:
         if self.k_policy.k < 0 or self.k_policy.k_max < 0:
             raise ValueError("router.k_policy: k and k_max must be >= 0")
 
+    def _move(self, old: str, section: str, key: str, value: Any) -> None:
+        """Put an older key's ``value`` into its decision's section (refusing it written twice)."""
+        sec = getattr(self, section)
+        if isinstance(sec, dict) or sec is None:
+            sec = dict(sec or {})
+            if key in sec:
+                raise ValueError(f"{old} and router.{section}.{key} are the same setting: write it once")
+            sec[key] = value
+        else:
+            sec = dataclasses.replace(sec, **{key: value})
+        setattr(self, section, sec)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> RouterConfig:
-        return strict_from_dict(cls, d, "router config")
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)} | {"auto_off_batch"}  # an older key: init-only
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"router config: unknown keys {unknown} (known: {sorted(known)})")
+        return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -2,7 +2,7 @@
 
 Per drafter the pool measures seconds per draft step (EWMA of each Propose's wall time, queueing
 behind other rounds included, divided by its draft length), counts the calls in flight, and keeps
-the requests it drafts for; telemetry (router/rebalancer.py) adds the device load.
+the requests it drafts for; telemetry (router/telemetry_loop.py) adds the device load.
 
 Proposes for one drafter from several targets (or lanes) that wait while it is busy are sent as one
 batched call when it is free (:meth:`DrafterPool.propose`): a batched draft step costs about what a
@@ -11,7 +11,7 @@ single one does, so a shared drafter serves several targets without serialising 
 was placed or moved) and ``drafters`` (every drafter that may hold a KV slot for it: all are
 released when it ends).
 
-:meth:`DrafterPool.assign` asks the policy (:func:`router.rebalance.assign_drafter`) and applies the
+:meth:`DrafterPool.assign` asks the policy (:func:`router.drafter_choice.assign_drafter`) and applies the
 answer; moves and failovers are logged and counted. With ``rebalance.enabled`` false every target
 keeps its own drafter (static pairing, as before the rebalancer). A drafter that is down drops out
 (its requests fail over, or fail open when none is left) and is used again once it answers.
@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 
 from router.clock import now
 from router.config import RouterConfig
+from router.drafter_choice import assign_drafter
 from router.jobs import Job
 from router.metrics import Metrics
-from router.rebalance import REF_K, DrafterView, assign_drafter
+from router.views import REF_K, DrafterView
 from router.workers import WorkerClient, WorkerUnavailable
 from specdec.core.request_state import LineFit
 from specdec.rpc import worker_pb2
@@ -81,7 +82,7 @@ class DrafterPool:
     def __init__(self, config: RouterConfig, metrics: Metrics, clock: Callable[[], float] = now):
         self.cfg = config
         self.clock = clock  # the capacity simulator passes its simulated time
-        self.policy = config.rebalance
+        self.policy = config.drafter_choice
         self.metrics = metrics
         self._d: dict[str, _Drafter] = {}
         self.draining: set[str] = set()  # no new work: seen as down by the placement policy
@@ -343,7 +344,7 @@ class DrafterPool:
         Returns the drafter it left in ``job.moved_from`` (its slot there can be released).
         ``target``: the target it runs on (placement keeps a target's requests together)."""
         job.moved_from = None
-        if not self.policy.enabled:  # static pairing
+        if not self.cfg.rebalance.enabled:  # static pairing
             d = self._d.get(home) if home is not None else None
             if d is None or not d.client.up:
                 return None

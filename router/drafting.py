@@ -22,12 +22,12 @@ from typing import Any
 import grpc
 
 from router import clock
+from router.batching import draft_deadline
 from router.config import RouterConfig
+from router.draft_depth import is_catch_up, predraft_k, predraft_room
 from router.drafter_pool import DrafterPool
 from router.jobs import Job, PreDraft
 from router.metrics import Metrics
-from router.policy import draft_deadline, predraft_k
-from router.rebalance import predraft_room
 from router.workers import WorkerUnavailable
 from specdec.core.ngram import NgramDrafter
 from specdec.core.params import VerifyMode
@@ -111,7 +111,7 @@ class DraftSource:
         tail as before."""
         toks = job.state.tokens
         new = len(toks) - job.draft_fed.get(name, 0)
-        if not job.state.generated or new <= self.cfg.k_policy.k_max + 1:
+        if not job.state.generated or not is_catch_up(new, self.cfg.k_policy.k_max):
             return False
         job.drafters.add(name)
         job.draft_fed[name] = len(toks)
@@ -126,7 +126,7 @@ class DraftSource:
         off: such a Propose prefills them, and its time says nothing of a draft step), else 0."""
         new = length - job.draft_fed.get(name, 0)
         job.draft_fed[name] = length
-        return new if new > self.cfg.k_policy.k_max + 1 else 0
+        return new if is_catch_up(new, self.cfg.k_policy.k_max) else 0
 
     def decode_draft(self, m: worker_pb2.Draft, k: int, offset: int = 0) -> Draft | None:
         try:

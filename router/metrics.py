@@ -53,7 +53,7 @@ Series:
   ``_rows_total`` and ``_steps_total`` (the tokens it prefilled, its sequences and draft steps):
   what the service's draft prefill costs, for the simulator's.
 * ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
-  polled every ``rebalance.period_s`` by router.rebalancer): a leak shows as a count that stays low
+  polled every ``rebalance.period_s`` by router.telemetry_loop): a leak shows as a count that stays low
   when idle. ``specdec_worker_evicted{role,worker}``: the KV caches it evicted since it started
   (its Info): a running request whose cache a worker had to give to a new one is recomputed from
   its tokens, which costs its whole context; the router frees finished requests' slots first, so

@@ -23,10 +23,11 @@ drafter in the background (a restarted Ray actor has a new port) and speculation
 answers again. A target failure makes the round wait for the target to come back and replays it
 (:mod:`router.target_link`).
 
-Rebalancing (router/rebalance.py, when ``rebalance.enabled``): drafts come from the drafter pool
-shared by all targets; the target's depth level (set from its device telemetry by
-router/rebalancer.py) bounds the adaptive k and turns pre-drafting on or off; and each round,
-AUTO requests stop speculating while the measured goodput says plain decoding is faster.
+Rebalancing (when ``rebalance.enabled``): drafts come from the drafter pool shared by all targets
+(router/drafter_choice.py); the target's depth level (router/draft_depth.py, set from its device
+telemetry by router/telemetry_loop.py) bounds the adaptive k and turns pre-drafting on or off; and
+each round, AUTO requests stop speculating while the measured goodput says plain decoding is
+faster (router/speculation_off.py).
 """
 
 from __future__ import annotations
@@ -40,19 +41,19 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from router import clock
+from router.batching import (
+    batch_capacity,
+    can_admit,
+    lane_share,
+    request_k_policy,
+    resolve_spec,
+)
 from router.config import RouterConfig
+from router.draft_depth import policy_k
 from router.drafter_pool import DrafterPool
 from router.drafting import DraftSource
 from router.jobs import Chunk, Job, QueueFull, next_job_key
 from router.metrics import Metrics
-from router.policy import (
-    batch_capacity,
-    can_admit,
-    lane_share,
-    policy_k,
-    request_k_policy,
-    resolve_spec,
-)
 from router.target_balance import TargetBalance
 from router.target_link import TargetLink
 from router.workers import WorkerClient, WorkerUnavailable
@@ -120,7 +121,7 @@ class TargetScheduler:
             pool, home, config, metrics, self.vocab_size, self.max_context, self._spawn, name=target.name
         )
         self.draft = pool if self.drafting.available else None  # None: this deployment has no draft model
-        self.balance = TargetBalance(self)  # depth level, speculation switch (router/rebalance.py)
+        self.balance = TargetBalance(self)  # depth level, speculation switch (router/target_balance.py)
         # c = draft step / target step as this pipeline sees it (the time a round waits per draft
         # step over its verify time), for the adaptive k; pre-draft hits make drafting look free.
         self.cost = CostMeter(c=config.k_policy.cost_ratio)

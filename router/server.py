@@ -7,7 +7,7 @@ handles or fixed addresses — plus the model names); creating the workers is th
 The draft workers named by the bindings form one pool shared by every target
 (router/drafter_pool.py); a binding's drafter is its target's own only while the rebalancer is off
 (``rebalance.enabled: false``, static pairing). Requests go to the target replica with the least
-load per slot (router/rebalance.py:pick_target).
+load per slot (router/target_choice.py:pick_target).
 
 :class:`Router` lives on an asyncio loop (``await router.start()`` / ``await router.stop()``);
 :class:`RouterThread` runs one on a background thread for synchronous callers (the launcher's
@@ -32,11 +32,11 @@ from router.config import RouterConfig
 from router.detok import Detokenizer, resolve_model_dir
 from router.drafter_pool import DrafterPool
 from router.metrics import Metrics
-from router.rebalance import pick_target
-from router.rebalancer import Rebalancer
 from router.retry import worker_recovery_estimate
 from router.scheduler import TargetScheduler
 from router.service import SERVICE_NAME, GenerationService
+from router.target_choice import pick_target
+from router.telemetry_loop import TelemetryLoop
 from router.tokenizer_link import TokenizerMismatch, drafter_mismatch, fetch_detokenizer
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
 from specdec.core.tokenizer_spec import vocab_fingerprint
@@ -89,7 +89,7 @@ class Router:
         self.targets: list[WorkerClient] = []
         self.pool = DrafterPool(self.config, self.metrics)
         self.draft_models: dict[str, str] = {}  # drafter name -> model name (ListModels)
-        self.rebalancer = Rebalancer(
+        self.telemetry = TelemetryLoop(
             lambda: self.targets + self.pool.clients, lambda: self.schedulers, self.config.rebalance, self.metrics
         )
         self.server: grpc.aio.Server | None = None
@@ -164,7 +164,7 @@ class Router:
             sched = TargetScheduler(b.model, t, self.pool, home, cfg, self.metrics, detok.decode)
             sched.start()
             self.schedulers.append(sched)
-        self.rebalancer.start()
+        self.telemetry.start()
         if self.autoscaler is not None:
             self.autoscaler.start(cfg.rebalance.period_s)
         servicer = GenerationService(self)
@@ -193,7 +193,7 @@ class Router:
         if self.server is not None:
             await announce_aio_shutdown(self.server)  # flip health first: balancers stop sending
         await asyncio.gather(*(s.close(grace) for s in self.schedulers))
-        await self.rebalancer.stop()
+        await self.telemetry.stop()
         if self.autoscaler is not None:
             await self.autoscaler.stop()
         if self.server is not None:
@@ -296,7 +296,7 @@ class Router:
                 f"no target worker for {candidates[0].name!r} is available",
                 retry_after=min(worker_recovery_estimate(s.target) for s in candidates),
             )
-        route = pick_target([s.balance.view() for s in alive], self.config.rebalance)
+        route = pick_target([s.balance.view() for s in alive], self.config.target_choice)
         if route.around:
             self.metrics.rebalance_actions.labels("route_around").inc()
             log.info("route_around: skipped a saturated target; request to %s", alive[route.index].target.name)

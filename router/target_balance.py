@@ -1,9 +1,11 @@
 """The rebalancer's decisions for one target scheduler, applied: its depth level (from its device
 telemetry, every period) and the speculation switch of its AUTO requests (every round).
 
-The decisions themselves are the plain functions of :mod:`router.rebalance`; this class feeds them
-the scheduler's state and applies, logs and counts what they return. With ``rebalance.enabled``
-false it changes nothing (depth ``normal``, speculation by acceptance only).
+The decisions themselves are the plain functions of :mod:`router.draft_depth` (how deep to draft)
+and :mod:`router.speculation_off` (when speculation switches off), pricing drafts by
+:mod:`router.drafter_choice`; this class feeds them the scheduler's state and applies, logs and
+counts what they return. With ``rebalance.enabled`` false it changes nothing (depth ``normal``,
+speculation by acceptance only).
 """
 
 from __future__ import annotations
@@ -12,28 +14,28 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from router import policy
+from router import draft_depth
 from router.clock import now
-from router.jobs import Job
-from router.rebalance import (
+from router.draft_depth import (
     DepthPlan,
     DepthState,
-    DrafterView,
-    TargetView,
+    capped,
     depth_plan,
-    is_guess,
+    is_catch_up,
     plan_depth,
-    priced_drafter,
+    round_k_cap,
 )
-from router.speculation_switch import (
+from router.drafter_choice import is_guess, priced_drafter
+from router.jobs import Job
+from router.speculation_off import (
     SpecJob,
     VerifyCost,
-    capped,
+    auto_off,
     plan_speculation,
     pooled_acceptance,
     round_goodput,
-    round_k_cap,
 )
+from router.views import DrafterView, TargetView
 from specdec.core.prefill_plan import round_budget
 
 if TYPE_CHECKING:  # the scheduler constructs its balance: a runtime import would be a cycle
@@ -101,24 +103,17 @@ class TargetBalance:
     @property
     def depth_plan(self) -> DepthPlan:
         kp = self.s.cfg.k_policy
-        return depth_plan(self.depth.level if self.cfg.enabled else "normal", kp.k_min, kp.k_max, self.cfg)
+        level = self.depth.level if self.cfg.enabled else "normal"
+        return depth_plan(level, kp.k_min, kp.k_max, self.s.cfg.draft_depth)
 
     def want_k(self, job: Job, running: int, max_context: int) -> int:
-        """A request's draft length for its next round: the router's k policy
-        (:func:`router.policy.want_k`) bounded by this target's depth plan. The scheduler and the
-        simulator both ask here."""
-        plan = self.depth_plan
-        return policy.want_k(
-            job.spec,
-            job.auto,
-            running,
-            self.s.cfg.auto_off_batch,
-            job.state,
-            max_context,
-            self.s.cost,
-            cost_scale=plan.cost_scale,
-            k_range=(plan.k_lo, plan.k_hi),
-        )
+        """A request's draft length for its next round: none while the batch-size gate holds an
+        AUTO request off (:func:`router.speculation_off.auto_off`), else the router's k policy
+        (:func:`router.draft_depth.want_k`) bounded by this target's depth plan. The scheduler and
+        the simulator both ask here."""
+        if auto_off(job.auto, running, self.s.cfg.speculation_off.auto_off_batch):
+            return 0
+        return draft_depth.want_k(job.spec, job.state, max_context, self.s.cost, self.depth_plan)
 
     @property
     def predraft(self) -> bool:
@@ -147,11 +142,11 @@ class TargetBalance:
         )
 
     def update_depth(self, now: float) -> None:
-        """One telemetry sample's depth decision (router/rebalancer.py calls it every period)."""
+        """One telemetry sample's depth decision (router/telemetry_loop.py calls it every period)."""
         if not self.cfg.enabled:
             return
         v = self.view()
-        new = plan_depth(v, self.depth, now, self.cfg)
+        new = plan_depth(v, self.depth, now, self.s.cfg.draft_depth)
         if new.level != self.depth.level:
             m = self.s.metrics
             m.rebalance_actions.labels(f"depth_{new.level}").inc()
@@ -197,7 +192,7 @@ class TargetBalance:
             d = None
             if j.spec == "draft":
                 if j.drafter not in priced:
-                    priced[j.drafter] = priced_drafter(j.drafter, views, self.cfg)
+                    priced[j.drafter] = priced_drafter(j.drafter, views, self.s.cfg.drafter_choice)
                 d = priced[j.drafter]
             fixed, step = d.price() if d is not None else (0.0, 0.0)
             jobs.append(
@@ -209,7 +204,7 @@ class TargetBalance:
                     changed_at=j.spec_changed_at,
                     draft_step_s=step,
                     draft_fixed_s=fixed,
-                    guessed=j.spec == "draft" and is_guess(d, self.cfg),
+                    guessed=j.spec == "draft" and is_guess(d, self.s.cfg.drafter_choice),
                     owed_s=self._owed(j, d, here),
                     left=j.state.params.max_tokens - len(j.state.generated),
                 )
@@ -224,10 +219,10 @@ class TargetBalance:
         if d is None or d.prefill_token_s is None or not here or d.placement != here:
             return 0.0
         lacking = len(job.state.tokens) - job.fed_to(d.name)
-        return lacking * d.prefill_token_s if lacking > self.s.cfg.k_policy.k_max + 1 else 0.0
+        return lacking * d.prefill_token_s if is_catch_up(lacking, self.s.cfg.k_policy.k_max) else 0.0
 
     def _decided(self) -> bool:
-        return self.cfg.enabled and sum(self.pool) >= self.cfg.spec_min_evidence
+        return self.cfg.enabled and sum(self.pool) >= self.s.cfg.speculation_off.min_evidence
 
     def start(self, running: list[Job], ks: list[int]) -> None:
         """Whether new AUTO requests start speculating, planned with the running batch as it is
@@ -243,8 +238,8 @@ class TargetBalance:
             return
         now = self.clock()
         jobs = self._spec_jobs(running, ks, now, free=new)
-        jobs = capped(jobs, round_k_cap(jobs, cost, self.cfg))
-        flags = plan_speculation(jobs, cost, now, self.cfg)
+        jobs = capped(jobs, round_k_cap(jobs, cost, self.s.cfg.speculation_off.off_margin))
+        flags = plan_speculation(jobs, cost, now, self.s.cfg.speculation_off)
         self._log_view("start", jobs, flags, cost)
         starting_off = [running[i] for i in sorted(new) if flags[i]]
         for j in starting_off:
@@ -300,11 +295,11 @@ class TargetBalance:
         now = self.clock()
         cost = self.cost()
         jobs = self._spec_jobs(batch, ks, now)
-        cap = round_k_cap(jobs, cost, self.cfg)
+        cap = round_k_cap(jobs, cost, self.s.cfg.speculation_off.off_margin)
         self._note_cap(cap, jobs, cost)
         jobs = capped(jobs, cap)
         ks = [j.k for j in jobs]
-        flags = plan_speculation(jobs, cost, now, self.cfg)  # unchanged without a measured cost
+        flags = plan_speculation(jobs, cost, now, self.s.cfg.speculation_off)  # unchanged without a measured cost
         self._log_view("round", jobs, flags, cost)
         changed = [(j, off) for j, off in zip(batch, flags) if off != j.spec_off]
         for j, off in changed:

@@ -119,7 +119,7 @@ class WorkerClient:
         self.channel: grpc.aio.Channel | None = None
         self.stub: Any = None
         self.info: worker_pb2.WorkerInfo | None = None
-        self.telemetry = None  # latest specdec.rpc.telemetry.DeviceSample (router/rebalancer.py polls it)
+        self.telemetry = None  # latest specdec.rpc.telemetry.DeviceSample (router/telemetry_loop.py polls it)
         self.up = False
         self.restarts = 0  # address changes after a failure (a restarted actor)
         self.down_since: float | None = None  # time.monotonic() when it went down

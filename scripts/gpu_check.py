@@ -222,7 +222,7 @@ def big_batch(device: str) -> dict:
 def prometheus(device: str, root: Path) -> dict:
     """The real NVML, end to end to the router's Prometheus series: a draft worker started by hand
     (``python -m draft_worker``, tiny model, this GPU) is polled through its Info RPC as
-    router/rebalancer.py polls it, idle and while this process runs a bf16 GEMM loop on the same
+    router/telemetry_loop.py polls it, idle and while this process runs a bf16 GEMM loop on the same
     GPU; the sample goes through the router's ``Metrics.record_device`` and the specdec_device_*
     lines of its /metrics text are kept."""
     import os

@@ -406,7 +406,7 @@ def take_profile(
                 inner = model_drafter_on(d_runner) if name == "draft" else NgramProposer()
                 rec = _Recorder(inner)
                 runner = ModelRunner(tgt.model, num_slots=1, max_len=max_len)
-                # n-gram drafts at the router's fixed price (router/policy.py want_k), model drafts measured
+                # n-gram drafts at the router's fixed price (router/draft_depth.py want_k), model drafts measured
                 engine = SpecEngine(
                     runner, tgt.tokenizer, rec, k_policy=opts.k_policy, eos_token_ids=eos, price_drafts=name == "draft"
                 )

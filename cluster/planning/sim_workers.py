@@ -97,7 +97,7 @@ class SimNgram:
 
 
 class _Stub:
-    """The worker's ``Info``, as the rebalancer polls it: device telemetry over the last period."""
+    """The worker's ``Info``, as the router's telemetry loop polls it: device load over the last period."""
 
     def __init__(self, worker: SimWorker):
         self.w = worker
@@ -150,7 +150,7 @@ class SimWorker:
         self.restarts = 0  # simulated workers never restart
         self.down_since: float | None = None
         self.last_recovery_s: float | None = None
-        self.telemetry = None  # set by the router's rebalancer from stub.Info
+        self.telemetry = None  # set by the router's telemetry loop from stub.Info
         self.last_sample: float | None = None
         self.lock = asyncio.Lock()
         self.stub = _Stub(self)

@@ -2,8 +2,8 @@
 (``router.scheduler.TargetScheduler``: continuous batching, micro-batch lanes, chunked prefill,
 the k policy, the goodput gate, the speculation switch, commits through the stop rules), its
 drafting (``router.drafting.DraftSource`` over the shared ``router.drafter_pool.DrafterPool``:
-pre-drafting, draft deadlines, fail-open), its target link and its rebalancer
-(``router.rebalancer.Rebalancer``: telemetry polls and depth by device load), over simulated
+pre-drafting, draft deadlines, fail-open), its target link and its telemetry loop
+(``router.telemetry_loop.TelemetryLoop``: device load polls, depth by load), over simulated
 workers whose calls cost what a profile or the roofline model says
 (:mod:`cluster.planning.sim_workers`).
 
@@ -31,12 +31,13 @@ from cluster.planning.sim_workers import Outcomes, SimNgram, SimWorker, jitter
 from cluster.planning.virtual_loop import VirtualClockLoop
 from cluster.planning.workload import SimRequestSpec, WorkloadError
 from router.config import RouterConfig
+from router.draft_depth import is_catch_up
 from router.drafter_pool import DrafterPool
 from router.jobs import Job, QueueFull
 from router.metrics import Metrics
-from router.rebalance import pick_target
-from router.rebalancer import Rebalancer
 from router.scheduler import TargetScheduler
+from router.target_choice import pick_target
+from router.telemetry_loop import TelemetryLoop
 from specdec.bench.serve import summarize
 from specdec.bench.serve_metrics import parse_metrics, phase_split
 from specdec.core.params import SamplingParams, VerifyMode
@@ -112,7 +113,15 @@ class _Run:
 
         def worker(name: str, role: str, device: Device, slots: int) -> SimWorker:
             return SimWorker(
-                name, role, device, slots, dep.max_context, dep.costs, self.outcomes, lambda n: n > k_max + 1, noise
+                name,
+                role,
+                device,
+                slots,
+                dep.max_context,
+                dep.costs,
+                self.outcomes,
+                lambda n: is_catch_up(n, k_max),
+                noise,
             )
 
         self.targets = [worker(f"target-{i}", "target", Device(self.loop), dep.target_slots) for i in range(dep.groups)]
@@ -130,8 +139,8 @@ class _Run:
             s = TargetScheduler(t.name, t, self.pool, home, cfg, self.metrics, _no_text)  # type: ignore[arg-type]
             s.drafting.ngram = SimNgram(self.outcomes)  # type: ignore[assignment]
             self.schedulers.append(s)
-        self.rebalancer = (
-            Rebalancer(lambda: self.targets + self.drafters, lambda: self.schedulers, cfg.rebalance, self.metrics)
+        self.telemetry = (
+            TelemetryLoop(lambda: self.targets + self.drafters, lambda: self.schedulers, cfg.rebalance, self.metrics)
             if cfg.rebalance.enabled
             else None
         )
@@ -160,8 +169,8 @@ class _Run:
     def start(self) -> None:
         for s in self.schedulers:
             s.start()
-        if self.rebalancer is not None:
-            self.rebalancer.start()
+        if self.telemetry is not None:
+            self.telemetry.start()
         if self.closed:
             for _ in range(min(self.closed, len(self.requests))):
                 self._send_next()
@@ -179,7 +188,7 @@ class _Run:
     def _arrive(self, index: int, spec: SimRequestSpec) -> None:
         """What the public servicer does with a request that passed its checks: route it to a
         target (Router.pick) and submit it to that target's scheduler."""
-        route = pick_target([s.balance.view() for s in self.schedulers], self.cfg.rebalance)
+        route = pick_target([s.balance.view() for s in self.schedulers], self.cfg.target_choice)
         if route.around:
             self.metrics.rebalance_actions.labels("route_around").inc()
         sched = self.schedulers[route.index]
@@ -221,7 +230,7 @@ class _Run:
             self._send_next()
 
     async def stop(self) -> None:
-        """End every task the router started (lanes, background calls, the rebalancer)."""
+        """End every task the router started (lanes, background calls, the telemetry loop)."""
         me = asyncio.current_task()
         tasks = [t for t in asyncio.all_tasks() if t is not me]
         for t in tasks:

@@ -9,6 +9,9 @@ k_min defaults to 1: with k = 0 no draft token is ever tested, so acceptance cou
 re-learned and a sequence that had a bad stretch would never speculate again.  One draft token
 per round costs only c (a fraction of a target step) and keeps the estimate alive.  Callers that
 must turn speculation off (e.g. a compute-bound batch) can pass k_min=0 or override per round.
+
+The engine asks it directly; the router through router/draft_depth.py, which bounds and prices it
+per target (depth level) and caps a round's longest draft.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class SpecEngine:
     ):
         self.target = target
         # False: the adaptive k keeps k_policy.cost_ratio as a draft token's cost instead of the
-        # measured one, as the router does for n-gram drafts (router/policy.py want_k); the
+        # measured one, as the router does for n-gram drafts (router/draft_depth.py want_k); the
         # capacity profiler's n-gram run then takes the router's k path over the same text
         self.price_drafts = price_drafts
         self.max_batched_tokens = max_batched_tokens  # <= 0: no budget (prompts cached whole)

@@ -173,7 +173,8 @@ class RequestState:
 
     def next_k(self, max_context: int, cost_ratio: float | None = None, k_range: tuple[int, int] | None = None) -> int:
         """Draft length for the next round, bounded by what may still be emitted and by the context
-        (and, for an adaptive request, by ``k_range``: the rebalancer's depth level)."""
+        (and, for an adaptive request, by ``k_range``: the target's depth plan, router/draft_depth.py,
+        which also scales ``cost_ratio``)."""
         if self.adaptive is not None and cost_ratio is not None:
             self.adaptive.c = cost_ratio
         k = self.adaptive.next_k() if self.adaptive is not None else self.fixed_k

@@ -53,7 +53,9 @@ def speedup(a: float, c: float, k: int) -> float:
 
 
 def best_k(a: float, c: float, k_max: int, k_min: int = 0) -> int:
-    """The k in [k_min, k_max] maximising :func:`speedup` (the smallest such k on ties)."""
+    """The k in [k_min, k_max] maximising :func:`speedup` (the smallest such k on ties): each
+    request's k, through :class:`specdec.core.adaptive_k.AdaptiveK`, in the engine and in the
+    router (whose depth decision, router/draft_depth.py, bounds it per target)."""
     if k_min < 0 or k_max < k_min:
         raise ValueError(f"need 0 <= k_min <= k_max (got {k_min}, {k_max})")
     best, best_s = k_min, speedup(a, c, k_min)  # checks a and c once: the loop runs per request and round

@@ -5,7 +5,7 @@ sample period in which *any* kernel ran (``gpu``) and the memory controller's bu
 (``memory``); a tiny kernel running all the time reads 100 %. Where the driver offers GPM
 (Hopper and later), ``sm_active`` (share of SMs busy) and ``sm_occupancy`` (active warps vs the
 maximum) say how much of the GPU the kernels actually used. Both kinds are reported; the
-rebalancer picks the one that fits (router/rebalance.py).
+rebalancer picks the one that fits (router/draft_depth.py).
 
 No NVML at all (no driver, no library: every CPU machine) is the normal CPU case: :meth:`open`
 returns None and the sampler reports the worker's own accounting. A call that fails later is

@@ -2,7 +2,7 @@
 
 Both workers use this (they must not import each other). A :class:`TelemetrySampler` samples on
 a daemon thread; ``Info`` returns the latest :class:`DeviceSample` in ``WorkerInfo.telemetry``,
-which the router polls (router/rebalancer.py) for the rebalancer and for Prometheus.
+which the router polls (router/telemetry_loop.py) for the rebalancer and for Prometheus.
 
 * GPU (``device`` cuda, NVML present): utilization, memory-controller utilization, memory,
   power, GPM SM activity/occupancy where offered (:mod:`specdec.rpc.nvml`).

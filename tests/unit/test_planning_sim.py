@@ -166,9 +166,9 @@ def test_speculation_follows_the_acceptance_and_the_k_policy():
 
 def test_the_simulator_calls_the_routers_policy(monkeypatch):
     """Patching the router's own function changes the simulation: it runs no copy of it."""
-    import router.policy
+    import router.draft_depth
 
-    monkeypatch.setattr(router.policy, "want_k", lambda *a, **k: 0)
+    monkeypatch.setattr(router.draft_depth, "want_k", lambda *a, **k: 0)
     res = simulate(deployment(k_policy=KPolicy(k=4)), requests(2, 1.0))
     assert res.summary["drafted"] == 0 and res.summary["tau"] == 1.0
 
@@ -300,7 +300,8 @@ def test_poisson_arrivals_are_bench_serves(monkeypatch):
 
 
 def test_the_routers_rebalancer_runs_in_the_simulation():
-    """The rebalancer's own code (router/rebalance.py through TargetBalance and DrafterPool) on the
+    """The rebalancer's own code (router/draft_depth.py, router/speculation_off.py and
+    router/drafter_choice.py through TargetBalance and DrafterPool) on the
     simulated clock: a verify that grows steeply with the tokens verified and drafts that are
     almost never accepted make the goodput rule switch AUTO requests' speculation off; with the
     rebalancer disabled they keep drafting."""

@@ -1,9 +1,12 @@
-"""Pool size: when to add or drain a draft or target replica (issue 12, part 1).
+"""How big each pool is: when to add or drain a draft or target replica.
 
-Plain functions next to the rebalancer's (router/rebalance.py), over the same views
-(:class:`TargetView`, :class:`DrafterView`): no I/O, no asyncio, the time is an argument, so the
-capacity simulator can run them unchanged. The router applies the decisions through an actuator
-(cluster/ places new replicas as Ray actors, asking Ray's autoscaler for nodes).
+Reads: every target and drafter as the other decisions see them (:class:`router.views.TargetView`,
+:class:`router.views.DrafterView`: queue, batch, slots, device load, draft-wait share), the
+replicas launching and draining, and the time.
+Decides: per pool and telemetry sample, at most one action (:func:`plan_pool`): grow by one,
+drain one, or nothing. Plain functions: no I/O, no asyncio, the time is an argument, so the
+capacity simulator can run them unchanged. router/autoscaler.py applies the decisions through an
+actuator (cluster/ places new replicas as Ray actors, asking Ray's autoscaler for nodes).
 
 * Draft pool grows when targets wait on drafts (a draft-wait share of the round above
   ``draft_wait_share_up``: waiting longer than verifying) while the drafters are saturated (device
@@ -28,11 +31,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from router.rebalance import DrafterView, TargetView
+from router.views import DrafterView, TargetView
 
 __all__ = [
     "PoolLimits",
-    "ScaleConfig",
+    "PoolSizeConfig",
     "PoolObservation",
     "ScaleState",
     "ScaleAction",
@@ -57,7 +60,7 @@ class PoolLimits:
 
 
 @dataclass(frozen=True)
-class ScaleConfig:
+class PoolSizeConfig:
     """The router config's ``scaling`` section (off unless ``enabled``).
 
     draft / target: :class:`PoolLimits` of each pool.
@@ -109,8 +112,8 @@ class ScaleConfig:
         return getattr(self, pool)
 
     @classmethod
-    def from_dict(cls, d: dict | ScaleConfig | None) -> ScaleConfig:
-        if isinstance(d, ScaleConfig):
+    def from_dict(cls, d: dict | PoolSizeConfig | None) -> PoolSizeConfig:
+        if isinstance(d, PoolSizeConfig):
             return d
         d = dict(d or {})
         unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
@@ -173,7 +176,7 @@ def _victim(views: Sequence[tuple[str, float]]) -> str | None:
 def draft_observation(
     targets: Sequence[TargetView],
     drafters: Sequence[DrafterView],
-    cfg: ScaleConfig,
+    cfg: PoolSizeConfig,
     *,
     pending: int = 0,
     draining: Sequence[str] = (),
@@ -201,7 +204,7 @@ def draft_observation(
 
 
 def target_observation(
-    targets: Sequence[TargetView], cfg: ScaleConfig, *, pending: int = 0, draining: Sequence[str] = ()
+    targets: Sequence[TargetView], cfg: PoolSizeConfig, *, pending: int = 0, draining: Sequence[str] = ()
 ) -> PoolObservation:
     """The target pool's evidence: queue per serving replica against ``scale_up_queue``."""
     serving = [t for t in targets if t.up and t.name not in draining]
@@ -217,7 +220,7 @@ def target_observation(
 
 
 def plan_pool(
-    obs: PoolObservation, state: ScaleState, now: float, cfg: ScaleConfig
+    obs: PoolObservation, state: ScaleState, now: float, cfg: PoolSizeConfig
 ) -> tuple[ScaleState, ScaleAction | None]:
     """One sample's decision for one pool: the new state and at most one action."""
     lim = cfg.limits(obs.pool)

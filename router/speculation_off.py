@@ -1,22 +1,83 @@
-"""The speculation switch as plain functions (the router and the capacity simulator run them):
-AUTO requests stop speculating, lowest acceptance first, where the round's goodput
-B tau / T(B (k + 1)), draft wait included, says plain decoding is faster. A draft priced by a
-guess (its drafter not measured lately) switches at most one request on: a probe, whose
-Proposes measure the drafter for the rest."""
+"""When speculation switches off under load (docs/design.md "Rebalancing and scaling").
+
+Reads: a round's requests as :class:`SpecJob` (acceptance, draft length, AUTO or not, switched
+off now and when, what their drafts cost: router/drafter_choice.py prices them), the target's
+measured verify line (:class:`VerifyCost`), its pooled acceptance, the running batch size and the
+time.
+Decides: which AUTO requests speculate this round. Two rules, one per load signal:
+
+* the batch-size gate (:func:`auto_off`): AUTO requests never speculate while more than
+  ``auto_off_batch`` requests run on their target (batched verification turns compute-bound);
+* the goodput switch (:func:`plan_speculation`): AUTO requests stop speculating, lowest
+  acceptance first, where the round's goodput B tau / T(B (k + 1)), draft wait included, says
+  plain decoding is faster, and start again when speculation is faster again. A draft priced by a
+  guess (its drafter not measured lately) switches at most one request on: a probe, whose
+  Proposes measure the drafter for the rest. Nothing switches before the target's pooled
+  acceptance (:func:`pooled_acceptance`) rests on ``min_evidence`` tested draft tokens.
+
+Plain functions: no I/O, no asyncio, the time is an argument. router/target_balance.py applies
+them; the longest draft a round carries is router/draft_depth.py's (``round_k_cap``, priced by
+:func:`round_goodput` here).
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from router.rebalance import RebalanceConfig
 from specdec.core.speedup import expected_tokens
+from specdec.rpc.worker_config import strict_from_dict
 
-__all__ = ["VerifyCost", "SpecJob", "pooled_acceptance", "round_goodput", "round_k_cap", "capped", "plan_speculation"]
+__all__ = [
+    "SpeculationOffConfig",
+    "auto_off",
+    "VerifyCost",
+    "SpecJob",
+    "pooled_acceptance",
+    "round_goodput",
+    "plan_speculation",
+]
 
-# ---- speculation on / off by goodput -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SpeculationOffConfig:
+    """The router config's ``speculation_off`` section.
+
+    auto_off_batch: AUTO requests stop speculating while more than this many requests run on
+      their target (batched verification turns compute-bound; 0 = never).
+    off_margin / on_margin / cooldown_s: AUTO requests switch speculation off when that raises
+      the round's goodput by more than ``off_margin`` (small: speculation must not stay where it
+      loses), back on only for more than ``on_margin`` (the wide band keeps noise from flipping
+      them), each request at most once per cooldown.
+    min_evidence: nothing switches by goodput before the target's pooled acceptance rests on this
+      many tested draft tokens.
+    """
+
+    auto_off_batch: int = 0
+    off_margin: float = 0.02
+    on_margin: float = 0.15
+    min_evidence: float = 20.0
+    cooldown_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.auto_off_batch, int) or self.auto_off_batch < 0:
+            raise ValueError(
+                f"router.speculation_off.auto_off_batch must be an integer >= 0 (got {self.auto_off_batch!r})"
+            )
+        for key in ("off_margin", "on_margin", "min_evidence", "cooldown_s"):
+            if float(getattr(self, key)) < 0:
+                raise ValueError(f"router.speculation_off.{key} must be >= 0")
+
+    @classmethod
+    def from_dict(cls, d: dict | SpeculationOffConfig | None) -> SpeculationOffConfig:
+        return d if isinstance(d, cls) else strict_from_dict(cls, d, "router.speculation_off")
+
+
+def auto_off(auto: bool, running: int, auto_off_batch: int) -> bool:
+    """The batch-size gate: an AUTO request does not speculate while more than ``auto_off_batch``
+    requests run on its target (0: never gated); explicit modes are never gated."""
+    return auto and auto_off_batch > 0 and running > auto_off_batch
 
 
 @dataclass(frozen=True)
@@ -40,7 +101,7 @@ class SpecJob:
     off now; changed_at: when it was last switched; draft_step_s / draft_fixed_s: what a draft of
     k steps costs on its drafter, draft_fixed_s + k x draft_step_s, queueing included (0 = drafted
     locally, e.g. n-gram): the round waits for the slowest of its drafts. guessed: the draft
-    cost is a guess (router.rebalance.is_guess), not a fresh measurement. owed_s: the seconds of
+    cost is a guess (router.drafter_choice.is_guess), not a fresh measurement. owed_s: the seconds of
     the target's device its drafter needs, once, to catch up on tokens it lacks (a new request's
     prompt, or what it decoded switched off) where the drafter shares the target's device (0:
     nothing owed, or the drafter has its own); left: tokens it may still generate (its one-time
@@ -92,43 +153,17 @@ def round_goodput(jobs: Sequence[SpecJob], off: Sequence[bool], cost: VerifyCost
     return tokens / (cost.time(rows) + wait + owed)
 
 
-def capped(jobs: Sequence[SpecJob], cap: int | None) -> list[SpecJob]:
-    """``jobs`` with every draft length at most ``cap`` (None: as they are)."""
-    if cap is None:
-        return list(jobs)
-    return [dataclasses.replace(j, k=min(j.k, cap)) if j.k > cap else j for j in jobs]
-
-
-def round_k_cap(jobs: Sequence[SpecJob], cost: VerifyCost | None, cfg: RebalanceConfig) -> int | None:
-    """The longest draft the round should carry (None: no cap). A round waits for its slowest
-    draft, so one request's long draft (its own acceptance is high) makes every request of the
-    round wait for it; each request's k is chosen as if it drafted alone. The cap is the one
-    under which the round's goodput with every request speculating is highest, taken only when it
-    beats no cap by more than ``spec_off_margin``."""
-    if cost is None:
-        return None
-    longest = max((j.k for j in jobs), default=0)
-    if longest <= 1:
-        return None
-    flags = [False] * len(jobs)
-    g_none = round_goodput(jobs, flags, cost)
-    best, best_g = None, g_none
-    for cap in range(1, longest):  # every round: priced in place, no capped copies
-        g = round_goodput(jobs, flags, cost, cap)
-        if g > best_g:
-            best, best_g = cap, g
-    return best if best_g > g_none * (1.0 + cfg.spec_off_margin) else None
-
-
-def plan_speculation(jobs: Sequence[SpecJob], cost: VerifyCost | None, now: float, cfg: RebalanceConfig) -> list[bool]:
+def plan_speculation(
+    jobs: Sequence[SpecJob], cost: VerifyCost | None, now: float, cfg: SpeculationOffConfig
+) -> list[bool]:
     """New off flags for a round's requests: AUTO requests switch off, those whose drafter would
     have to catch up first, then lowest acceptance first, as long as that raises the round's
-    goodput. A plan with more requests off than now needs a gain of ``spec_off_margin``, one with
-    fewer ``spec_on_margin``; a request switched less than ``spec_cooldown_s`` ago keeps its state."""
+    goodput. A plan with more requests off than now needs a gain of ``off_margin``, one with
+    fewer ``on_margin``; a request switched less than ``cooldown_s`` ago keeps its state."""
     current = [j.off for j in jobs]
     if cost is None or not jobs:
         return current
-    free = [i for i, j in enumerate(jobs) if j.auto and j.k > 0 and now - j.changed_at >= cfg.spec_cooldown_s]
+    free = [i for i, j in enumerate(jobs) if j.auto and j.k > 0 and now - j.changed_at >= cfg.cooldown_s]
     if not free:
         return current
     order = sorted(free, key=lambda i: (jobs[i].owed_s == 0, jobs[i].a, i))  # off first: owing a catch-up
@@ -141,7 +176,7 @@ def plan_speculation(jobs: Sequence[SpecJob], cost: VerifyCost | None, now: floa
         g = round_goodput(jobs, flags, cost)
         if g > best_g:
             best, best_g = flags, g
-    margin = cfg.spec_off_margin if sum(best) > sum(current) else cfg.spec_on_margin
+    margin = cfg.off_margin if sum(best) > sum(current) else cfg.on_margin
     return _one_probe(jobs, current, best) if best_g > g_now * (1.0 + margin) else current
 
 

@@ -1,4 +1,4 @@
-"""The speculation switch (router/speculation_switch.py) on scripted rounds: AUTO requests switch
+"""When speculation switches off (router/speculation_off.py) on scripted rounds: AUTO requests switch
 off where plain decoding is faster and back on where speculating pays, a round's drafts are capped
 where one long draft would hold it, drafts are priced by what they cost, and nothing flaps on noisy
 input. Plain functions: no router, no I/O."""
@@ -11,24 +11,36 @@ import random
 
 import pytest
 
-from router.rebalance import (
-    DrafterView,
-    RebalanceConfig,
-    is_guess,
-    priced_drafter,
-)
-from router.speculation_switch import (
+from router.draft_depth import capped, round_k_cap
+from router.drafter_choice import DrafterChoiceConfig, is_guess, priced_drafter
+from router.speculation_off import (
     SpecJob,
+    SpeculationOffConfig,
     VerifyCost,
-    capped,
+    auto_off,
     plan_speculation,
     pooled_acceptance,
     round_goodput,
-    round_k_cap,
 )
+from router.views import DrafterView
 from specdec.core.speedup import expected_tokens
 
-CFG = RebalanceConfig()
+CFG = SpeculationOffConfig()
+DC = DrafterChoiceConfig()  # what prices the drafts
+
+
+def test_the_batch_size_gate_holds_only_auto_requests_and_only_above_the_limit():
+    assert auto_off(True, 9, 8) and not auto_off(True, 8, 8)
+    assert not auto_off(False, 9, 8)  # explicit modes are not gated
+    assert not auto_off(True, 1000, 0)  # 0: never
+
+
+def test_config_is_strict():
+    with pytest.raises(ValueError, match="unknown keys"):
+        SpeculationOffConfig.from_dict({"off_margn": 0.1})
+    with pytest.raises(ValueError, match="auto_off_batch"):
+        SpeculationOffConfig.from_dict({"auto_off_batch": -1})
+    assert SpeculationOffConfig.from_dict({"min_evidence": 4.0}).min_evidence == 4.0
 
 
 # ---- speculation on / off by goodput -------------------------------------------------------------
@@ -52,14 +64,14 @@ def test_one_long_draft_no_longer_makes_plain_decoding_look_faster():
     flat = VerifyCost(t1=0.0245, slope=0.0)
     jobs = [SpecJob(a=0.9, k=8, draft_step_s=0.0068)] + [SpecJob(a=0.6, k=1, draft_step_s=0.0068)] * 6
     assert all(plan_speculation(jobs, flat, 10.0, CFG))  # uncapped: everything off
-    cap = round_k_cap(jobs, flat, CFG)
+    cap = round_k_cap(jobs, flat, CFG.off_margin)
     assert cap is not None and cap < 8
     assert not any(plan_speculation(capped(jobs, cap), flat, 10.0, CFG))
     n = len(jobs)
     assert round_goodput(capped(jobs, cap), [False] * n, flat) > 1.25 * round_goodput(jobs, [True] * n, flat)
     # free drafts (n-grams) and a flat verify: a cap would only lose tokens
-    assert round_k_cap([dataclasses.replace(j, draft_step_s=0.0) for j in jobs], flat, CFG) is None
-    assert round_k_cap(jobs, None, CFG) is None
+    assert round_k_cap([dataclasses.replace(j, draft_step_s=0.0) for j in jobs], flat, CFG.off_margin) is None
+    assert round_k_cap(jobs, None, CFG.off_margin) is None
 
 
 def test_drafts_are_priced_by_their_run_and_a_long_memory_of_queueing():
@@ -80,7 +92,7 @@ def test_speculation_switches_off_lowest_acceptance_first_when_compute_bound_and
     a_on = [j.a for j, o in zip(jobs, off) if not o]
     assert not a_on or max(a_off) <= min(a_on)
     g_new = round_goodput(jobs, off, STEEP)
-    assert g_new > round_goodput(jobs, [False] * 16, STEEP) * (1 + CFG.spec_off_margin)
+    assert g_new > round_goodput(jobs, [False] * 16, STEEP) * (1 + CFG.off_margin)
     assert g_new >= round_goodput(jobs, [True] * 16, STEEP)
     # within the cooldown the switched requests keep their state
     now = [dataclasses.replace(j, off=o, changed_at=10.0) for j, o in zip(jobs, off)]
@@ -88,7 +100,7 @@ def test_speculation_switches_off_lowest_acceptance_first_when_compute_bound_and
     # load gone (one request left, flat verify): back on after the cooldown
     alone = [SpecJob(a=0.8, k=4, off=True, changed_at=10.0, draft_step_s=0.005)]
     assert plan_speculation(alone, FLAT, 10.5, CFG) == [True]  # cooldown
-    assert plan_speculation(alone, FLAT, 10.0 + CFG.spec_cooldown_s, CFG) == [False]
+    assert plan_speculation(alone, FLAT, 10.0 + CFG.cooldown_s, CFG) == [False]
 
 
 def test_a_stale_slow_draft_measurement_does_not_keep_speculation_off():
@@ -101,32 +113,32 @@ def test_a_stale_slow_draft_measurement_does_not_keep_speculation_off():
     views = {"d0": DrafterView("d0", step_s=0.317, age_s=1.0)}
 
     def plan(views):
-        d = priced_drafter("d0", views, CFG)
+        d = priced_drafter("d0", views, DC)
         step = d.step_s if d is not None else 0.0
-        return plan_speculation([SpecJob(a=0.76, k=1, draft_step_s=step, guessed=is_guess(d, CFG))], cost, 10.0, CFG)
+        return plan_speculation([SpecJob(a=0.76, k=1, draft_step_s=step, guessed=is_guess(d, DC))], cost, 10.0, CFG)
 
     def aged(age):
         return {"d0": dataclasses.replace(views["d0"], age_s=age)}
 
     assert plan(views) == [True]  # off: a 317 ms draft step does not pay at a = 0.76
-    guess = priced_drafter("d0", aged(CFG.stale_s + 1), CFG)
-    assert is_guess(guess, CFG) and guess.step_s == pytest.approx(0.317 * 0.5 ** (1 / CFG.stale_s))
+    guess = priced_drafter("d0", aged(DC.stale_s + 1), DC)
+    assert is_guess(guess, DC) and guess.step_s == pytest.approx(0.317 * 0.5 ** (1 / DC.stale_s))
     # its prefill price, measured as slow, ages with it (else what a switched-off request owes keeps it off)
-    slow_prefill = {"d0": dataclasses.replace(views["d0"], age_s=3 * CFG.stale_s, prefill_token_s=0.03)}
-    assert priced_drafter("d0", slow_prefill, CFG).prefill_token_s == pytest.approx(0.03 * 0.25)
-    assert plan(aged(CFG.stale_s + 1)) == [True]  # a guess still too dear: stays off
-    assert plan(aged(3 * CFG.stale_s)) == [False]  # a quarter of it pays: back on (a probe)
-    assert priced_drafter("d0", {"d0": DrafterView("d0")}, CFG) is None  # never measured: free
+    slow_prefill = {"d0": dataclasses.replace(views["d0"], age_s=3 * DC.stale_s, prefill_token_s=0.03)}
+    assert priced_drafter("d0", slow_prefill, DC).prefill_token_s == pytest.approx(0.03 * 0.25)
+    assert plan(aged(DC.stale_s + 1)) == [True]  # a guess still too dear: stays off
+    assert plan(aged(3 * DC.stale_s)) == [False]  # a quarter of it pays: back on (a probe)
+    assert priced_drafter("d0", {"d0": DrafterView("d0")}, DC) is None  # never measured: free
     fresh = {"d0": DrafterView("d0", step_s=0.055, age_s=0.5)}
     assert plan(fresh) == [False]  # and the fresh, steady figure keeps it on
-    assert not is_guess(priced_drafter("d0", fresh, CFG), CFG)
+    assert not is_guess(priced_drafter("d0", fresh, DC), DC)
     # a fresh drafter beyond the move margin of the best is priced as the best (the pool moves it)
     two = {"d0": DrafterView("d0", step_s=0.3, age_s=0.5), "d1": DrafterView("d1", step_s=0.05, age_s=0.5)}
-    assert priced_drafter("d0", two, CFG).name == "d1"
-    assert priced_drafter("d1", two, CFG).name == "d1"
+    assert priced_drafter("d0", two, DC).name == "d1"
+    assert priced_drafter("d1", two, DC).name == "d1"
     # a stale own drafter is priced as the best fresh one
     mixed = {"d0": DrafterView("d0", step_s=0.3, age_s=99.0), "d1": DrafterView("d1", step_s=0.05, age_s=0.5)}
-    assert priced_drafter("d0", mixed, CFG).name == "d1"
+    assert priced_drafter("d0", mixed, DC).name == "d1"
 
 
 def test_a_guessed_price_switches_one_request_on_at_a_time():
@@ -161,7 +173,7 @@ def test_speculation_is_never_kept_where_plain_decoding_is_faster(seed):
     jobs = [SpecJob(a=rng.uniform(0, 1), k=rng.randint(1, 8), draft_step_s=rng.uniform(0, 0.03)) for _ in range(n)]
     off = plan_speculation(jobs, cost, 100.0, CFG)
     plain = round_goodput(jobs, [True] * n, cost)
-    assert round_goodput(jobs, off, cost) * (1 + CFG.spec_off_margin) >= plain * (1 - 1e-9)
+    assert round_goodput(jobs, off, cost) * (1 + CFG.off_margin) >= plain * (1 - 1e-9)
 
 
 def test_pooled_acceptance_shrinks_a_short_bad_stretch_toward_the_batch():

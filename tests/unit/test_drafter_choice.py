@@ -1,34 +1,21 @@
-"""The rebalancing policy (router/rebalance.py) on scripted traces: each action fires, holds under
-hysteresis and cooldown, and does not oscillate on noisy input. Plain functions: no router, no I/O.
-The speculation switch has its own file (test_speculation_switch.py)."""
+"""Which drafter serves a request (router/drafter_choice.py) on scripted traces: placement, moves
+and failover fire, hold under hysteresis and cooldown, and do not oscillate on noisy input. Plain
+functions: no router, no I/O."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 
-from router.rebalance import (
-    DepthState,
-    DrafterView,
-    RebalanceConfig,
-    TargetView,
-    assign_drafter,
-    depth_plan,
-    pick_target,
-    plan_depth,
-    predraft_room,
-)
+from router.drafter_choice import DrafterChoiceConfig, assign_drafter
+from router.views import DrafterView
 
-CFG = RebalanceConfig()
+CFG = DrafterChoiceConfig()
 
 
 def drafters(step_a=0.01, step_b=0.01, **kw) -> list[DrafterView]:
     return [DrafterView("a", step_s=step_a, **kw), DrafterView("b", step_s=step_b, **kw)]
-
-
-# ---- draft assignment ----------------------------------------------------------------------------
 
 
 def test_a_new_request_goes_to_the_drafter_with_most_headroom():
@@ -219,108 +206,12 @@ def test_a_slowdown_shifts_every_request_once_and_they_stay():
     assert 5.0 <= first <= 5.0 + 0.5  # a few rounds of smoothing after the slowdown at t = 5 s
 
 
-# ---- depth by device load ------------------------------------------------------------------------
-
-
-def _depth_trace(loads, share=0.0, dt=1.0, sm=None, growth=0.3, running=2):
-    """Levels over a trace of device loads (no GPM unless ``sm``; verify cost growing with tokens
-    by ``growth`` per token: compute-bound)."""
-    st, levels = DepthState(), []
-    for i, u in enumerate(loads):
-        v = TargetView(
-            "t",
-            load=u,
-            sm_active=None if sm is None else sm[i],
-            verify_growth=growth,
-            draft_wait_share=share,
-            running=running,
-        )
-        st = plan_depth(v, st, i * dt, CFG)
-        levels.append(st.level)
-    return levels
-
-
-def test_an_underused_target_goes_deep_after_enough_samples():
-    levels = _depth_trace([0.1] * 6)
-    assert levels[: CFG.depth_samples - 1] == ["normal"] * (CFG.depth_samples - 1)
-    assert levels[CFG.depth_samples - 1 :] == ["deep"] * (6 - CFG.depth_samples + 1)
-    # but not while its rounds wait for slow drafts (longer drafts would make that worse)
-    assert _depth_trace([0.1] * 6, share=0.6) == ["normal"] * 6
-    # no telemetry: no change; an idle target (nothing running) is not underused
-    assert _depth_trace([None] * 6) == ["normal"] * 6
-    assert _depth_trace([0.0] * 6, running=0) == ["normal"] * 6
-
-
-def test_a_saturated_target_goes_shallow_and_a_spike_changes_nothing():
-    assert _depth_trace([0.95] * 4)[-1] == "shallow"
-    spikes = [0.6, 0.6, 0.99, 0.6, 0.6, 0.99, 0.6, 0.1, 0.6, 0.99, 0.6]
-    assert set(_depth_trace(spikes)) == {"normal"}
-    # GPM SM activity decides saturation where offered: kernels running all the time at low SM use
-    # (load 1.0, sm_active 0.3) is not saturated, high SM use is
-    assert _depth_trace([1.0] * 5, sm=[0.3] * 5)[-1] == "normal"
-    assert _depth_trace([0.95] * 5, sm=[0.95] * 5, growth=None)[-1] == "shallow"
-    # without GPM, a device busy all the time whose verify cost stays flat is memory-bound: not saturated
-    assert _depth_trace([1.0] * 5, growth=0.02)[-1] == "normal"
-    assert _depth_trace([1.0] * 5, growth=None)[-1] == "normal"  # not measured yet: no evidence
-
-
-def test_depth_hysteresis_and_cooldown():
-    # into deep, then loads just above the low threshold (inside the band): it stays deep
-    low = CFG.low_utilization
-    levels = _depth_trace([0.1] * 3 + [low + CFG.band / 2] * 10)
-    assert levels[-1] == "deep"
-    levels = _depth_trace([0.1] * 3 + [low + CFG.band * 1.5] * 10)
-    assert levels[-1] == "normal"
-    # cooldown: saturated right after going deep waits depth_cooldown_s (samples 1 s apart)
-    levels = _depth_trace([0.1] * 3 + [0.99] * 8)
-    i_deep = levels.index("deep")
-    i_shallow = levels.index("shallow")
-    assert i_shallow - i_deep >= CFG.depth_cooldown_s
-
-
-def test_no_depth_flapping_on_a_noisy_trace():
-    rng = random.Random(3)
-    for center in (CFG.low_utilization, CFG.high_utilization):
-        loads = [min(1.0, max(0.0, center + rng.uniform(-0.08, 0.08))) for _ in range(300)]
-        levels = _depth_trace(loads)
-        changes = sum(a != b for a, b in zip(levels, levels[1:]))
-        assert changes <= 1, (center, changes)
-
-
-def test_depth_plans():
-    assert depth_plan("normal", 1, 12, CFG) == depth_plan("normal", 1, 12, CFG)
-    deep, normal, shallow = (depth_plan(lv, 1, 12, CFG) for lv in ("deep", "normal", "shallow"))
-    assert (normal.k_lo, normal.k_hi, normal.predraft) == (1, 12, None)
-    assert deep.k_lo == 1 + CFG.deep_extra_k and deep.cost_scale < 1 and deep.predraft is True
-    assert shallow.k_hi == 6 and shallow.predraft is False
-    assert depth_plan("deep", 4, 4, CFG).k_lo == 4  # never above k_max
-
-
-# ---- routing -------------------------------------------------------------------------------------
-
-
-def test_requests_go_to_the_least_loaded_replica_per_slot():
-    ts = [TargetView("a", running=4, capacity=8), TargetView("b", running=3, waiting=2, capacity=8)]
-    assert pick_target(ts, CFG).index == 0
-    ts = [TargetView("a", running=4, capacity=4), TargetView("b", running=6, capacity=16)]
-    assert pick_target(ts, CFG).index == 1  # per slot, not per request
-    ts = [TargetView("a", up=False), TargetView("b", running=8, waiting=30, capacity=8)]
-    assert pick_target(ts, CFG).index == 1
-    # a saturated replica goes last (the load alone would have picked it: route_around)
-    ts = [TargetView("a", running=1, capacity=8, level="shallow"), TargetView("b", running=3, capacity=8)]
-    r = pick_target(ts, CFG)
-    assert (r.index, r.around) == (1, True)
-    assert pick_target(ts[:1], CFG).index == 0  # the only one still serves
-
-
 def test_config_is_strict():
     with pytest.raises(ValueError, match="unknown keys"):
-        RebalanceConfig.from_dict({"move_margn": 2})
+        DrafterChoiceConfig.from_dict({"move_margn": 2})
     with pytest.raises(ValueError, match="move_margin"):
-        RebalanceConfig.from_dict({"move_margin": 0.5})
-    with pytest.raises(ValueError, match="low_utilization"):
-        RebalanceConfig.from_dict({"low_utilization": 0.95})
-    assert RebalanceConfig.from_dict({"enabled": False}).enabled is False
+        DrafterChoiceConfig.from_dict({"move_margin": 0.5})
+    assert DrafterChoiceConfig.from_dict({"stale_s": 5.0}).stale_s == 5.0
 
 
 def test_the_pool_measures_a_proposes_run_apart_from_its_queueing():
@@ -343,15 +234,3 @@ def test_the_pool_measures_a_proposes_run_apart_from_its_queueing():
     (v,) = pool.views(now[0])
     assert v.step_s == pytest.approx(0.02) and v.run_step_s == pytest.approx(0.01)
     assert 0 < v.queue_s < 0.2 * 0.04  # each 40 ms wait moves the long memory a little
-
-
-def test_a_predraft_takes_only_a_drafters_spare_time():
-    """Measured in the skew bench (bench/NOTES.md, twelfth session): pre-drafts on a drafter shared
-    by two targets, or longer than the verify they overlap, held up the rounds that needed it."""
-    own = DrafterView("a", step_s=0.03, run_step_s=0.022, jobs=2, mates=2)
-    assert predraft_room(own, verify_s=0.105) == 4  # 4 steps of 22 ms fit in a 105 ms verify
-    assert predraft_room(dataclasses.replace(own, run_step_s=0.061), verify_s=0.105) == 1  # the slowed one
-    assert predraft_room(dataclasses.replace(own, jobs=3), verify_s=0.105) == 0  # another target drafts here
-    assert predraft_room(None, verify_s=0.105) == 0  # the drafter left the pool
-    assert predraft_room(dataclasses.replace(own, run_step_s=None), verify_s=0.105) is None  # not measured yet
-    assert predraft_room(own, verify_s=None) is None

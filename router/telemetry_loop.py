@@ -1,10 +1,12 @@
 """The rebalancer's clock: every ``rebalance.period_s`` it polls each worker's ``Info`` for device
-telemetry, exports it to Prometheus, and re-plans each target's depth level.
+telemetry, exports it to Prometheus, and re-plans each target's depth level (router/draft_depth.py,
+through router/target_balance.py).
 
 Telemetry is best effort: a poll that fails or times out is skipped (it never marks a worker down;
 the data path does that), and a worker whose Info carries no telemetry has none. The per-round
 decisions (draft assignment, speculation switch) are taken where the rounds run
-(router/drafter_pool.py, router/target_balance.py); routing in router/server.py.
+(router/drafter_pool.py, router/target_balance.py); routing in router/server.py; pool sizes in
+router/autoscaler.py, on the same period.
 """
 
 from __future__ import annotations
@@ -16,18 +18,18 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from router import clock
+from router.config import RebalanceConfig
 from router.metrics import Metrics
-from router.rebalance import RebalanceConfig
 from router.workers import WorkerClient
 from specdec.rpc import worker_pb2
 from specdec.rpc.telemetry import sample_from_proto
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Rebalancer"]
+__all__ = ["TelemetryLoop"]
 
 
-class Rebalancer:
+class TelemetryLoop:
     """``workers()`` lists the workers to poll now (targets and drafters: the pools may change);
     ``schedulers()`` the target schedulers whose depth to re-plan."""
 

@@ -1,21 +1,21 @@
-"""Pool-size policy (router/scaling.py, issue 12 part 1): pressure, hysteresis, cooldown, bounds, drain."""
+"""How big each pool is (router/pool_size.py): pressure, hysteresis, cooldown, bounds, drain."""
 
 from __future__ import annotations
 
 import pytest
 
-from router.rebalance import DrafterView, TargetView
-from router.scaling import (
+from router.pool_size import (
     PoolLimits,
     PoolObservation,
-    ScaleConfig,
+    PoolSizeConfig,
     ScaleState,
     draft_observation,
     plan_pool,
     target_observation,
 )
+from router.views import DrafterView, TargetView
 
-CFG = ScaleConfig(
+CFG = PoolSizeConfig(
     enabled=True,
     draft=PoolLimits(0, 3),
     target=PoolLimits(1, 2),
@@ -110,7 +110,7 @@ def test_scale_up_needs_consecutive_samples():
 def test_cooldown_and_max_replicas():
     # pressure never ends; replicas arrive right away: one action per cooldown, up to max_replicas
     state, acts, serving = ScaleState(), [], 0
-    cfg = ScaleConfig(draft=PoolLimits(0, 3), up_samples=1, cooldown_s=10.0)
+    cfg = PoolSizeConfig(draft=PoolLimits(0, 3), up_samples=1, cooldown_s=10.0)
     for t in range(60):
         state, act = plan_pool(PoolObservation("draft", serving, pressured=True), state, float(t), cfg)
         if act is not None:
@@ -120,7 +120,7 @@ def test_cooldown_and_max_replicas():
 
 
 def test_pending_replicas_count_toward_the_size():
-    cfg = ScaleConfig(target=PoolLimits(1, 2), up_samples=1, cooldown_s=0.0)
+    cfg = PoolSizeConfig(target=PoolLimits(1, 2), up_samples=1, cooldown_s=0.0)
     state, act = plan_pool(obs(pressured=True, pending=1), ScaleState(), 0.0, cfg)
     assert act is None  # 1 serving + 1 launching = max already
 
@@ -161,8 +161,8 @@ def test_config_checks():
     with pytest.raises(ValueError, match="min_replicas"):
         PoolLimits(3, 2)
     with pytest.raises(ValueError, match="unknown keys"):
-        ScaleConfig.from_dict({"scale_up_queu": 1})
+        PoolSizeConfig.from_dict({"scale_up_queu": 1})
     with pytest.raises(ValueError, match="up_samples"):
-        ScaleConfig(up_samples=0)
-    cfg = ScaleConfig.from_dict({"draft": {"min_replicas": 0, "max_replicas": 5}, "scale_up_queue": 3})
+        PoolSizeConfig(up_samples=0)
+    cfg = PoolSizeConfig.from_dict({"draft": {"min_replicas": 0, "max_replicas": 5}, "scale_up_queue": 3})
     assert cfg.draft == PoolLimits(0, 5) and cfg.scale_up_queue == 3
