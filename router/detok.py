@@ -1,6 +1,6 @@
 """Detokenisation for the router: the target's ``tokenizer.json`` through the `tokenizers` library.
 
-The router applies stop strings and builds text (DESIGN.md invariant 5), so it needs to turn token
+The router applies stop strings and builds text (docs/design.md, invariant 5), so it needs to turn token
 ids into text exactly as the target's transformers tokenizer does (``decode(ids,
 skip_special_tokens=True)``), without transformers or torch. A fast tokenizer's ``decode`` *is*
 the Rust ``tokenizers`` decode, plus an optional clean-up of spaces before punctuation that

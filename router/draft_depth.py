@@ -187,7 +187,8 @@ def predraft_room(d: DrafterView | None, verify_s: float | None) -> int | None:
     (None: no limit measured yet; 0: no pre-draft). A pre-draft must use the drafter's spare time:
     none on a drafter other targets draft on (their rounds would queue behind it), and no more
     steps than the verify hides (past it, a miss's redraft waits for it). With both pre-drafting on
-    a shared or slow drafter lost to it off: skew bench 41 against 57 tok/s (bench/NOTES.md)."""
+    a shared or slow drafter lost to it off: 41 against 57 tok/s with `specdec bench rebalance`
+    (tests/unit/test_draft_depth.py, test_a_predraft_takes_only_a_drafters_spare_time)."""
     if d is None or d.others:
         return 0
     if verify_s is None or d.run_step_s is None or d.run_step_s <= 0:

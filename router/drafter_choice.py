@@ -159,8 +159,8 @@ def move_cost(d: DrafterView, cfg: DrafterChoiceConfig, within_s: float | None =
     """The cost used to decide moves: how long a draft step runs there (:attr:`DrafterView.
     run_step_s`; before any is measured, :attr:`DrafterView.per_step_s`). Queueing and the device
     load are left out on purpose: both follow the placement (moving requests onto a drafter makes
-    it queue and busy), so chasing them made requests oscillate (1,025 moves of 200 requests in a
-    planner run, bench/NOTES.md); placement weighs them instead. A device slowed by other work
+    it queue and busy), so chasing them made requests oscillate (1,025 moves of 200 requests in one
+    `specdec plan` simulation); placement weighs them instead. A device slowed by other work
     runs its Proposes slower, which this sees. None = not measured within ``within_s`` (default
     ``stale_s``)."""
     if _known_step(d, cfg.stale_s if within_s is None else within_s) is None:
@@ -174,7 +174,7 @@ def _sharing(d: DrafterView) -> int:
     idle one (1), one shared with other targets (2), one that drafts only for others (3). A
     round waits for the slowest of the drafters its requests use, so a target whose requests
     spread over two drafters waits for both, each busy with other targets' rounds too (the
-    rebalancer then lost 18 % to static pairing with equal drafters: bench/NOTES.md)."""
+    rebalancer then lost 18 % to static pairing with equal drafters)."""
     if d.mates:
         return 0 if not d.others else 2
     return 1 if not d.others else 3

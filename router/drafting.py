@@ -1,5 +1,5 @@
 """Where a round's drafts come from: the draft worker (with pre-drafting), the local n-gram drafter,
-or nothing; and failing open when a draft is late or its worker is gone (DESIGN.md invariant 4).
+or nothing; and failing open when a draft is late or its worker is gone (docs/design.md, invariant 4).
 
 Pre-drafting: the drafter drafts round r+1 of a micro-batch while the target verifies round r, on
 the guess that all of round r's draft is accepted and the target's bonus token is the drafter's own

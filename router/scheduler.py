@@ -1,7 +1,7 @@
 """The router's scheduler for one target worker: continuous batching, pipelined rounds, fail open.
 
 Every request (a :class:`Job`) owns its committed tokens in a core
-:class:`specdec.core.request_state.RequestState` (DESIGN.md invariant 1): workers only ever see
+:class:`specdec.core.request_state.RequestState` (docs/design.md, invariant 1): workers only ever see
 ``Sequence(tokens=committed)`` and rebuild their caches from it.
 
 Rounds. A round takes a micro-batch of running jobs, gets their drafts (the draft worker's

@@ -1,6 +1,6 @@
 """Calls to a target worker that survive its restart: a round waits for the target to come back
 (bounded by ``recovery_timeout_s``) and replays; the committed tokens did not change, so the
-request completes unchanged (DESIGN.md invariant 1). A batch that fails is verified item by item,
+request completes unchanged (docs/design.md, invariant 1). A batch that fails is verified item by item,
 so one bad item does not fail the others."""
 
 from __future__ import annotations

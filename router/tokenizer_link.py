@@ -1,4 +1,4 @@
-"""The router's tokenizer from the target worker, and the draft/target tokenizer check (issue 12, part 2).
+"""The router's tokenizer from the target worker, and the draft/target tokenizer check.
 
 The router needs the target's tokenizer to build text and apply stop strings; it asks the target
 worker for it (``GetTokenizer``), so the node the router runs on needs no model files. A drafter

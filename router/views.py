@@ -67,7 +67,7 @@ class DrafterView:
         """(fixed, per step) seconds the speculation switch prices a draft here at: the run time
         per step plus the long-memory queueing, once runs are measured; else the wait line. A
         Propose queued behind a draft prefill waits several times its run, and pricing that
-        spike switched whole batches off (bench/NOTES.md, fourth session)."""
+        spike switched whole batches off."""
         if self.run_step_s is not None:
             return self.queue_s, self.run_step_s
         return self.fixed_s, self.per_step_s or 0.0

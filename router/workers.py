@@ -282,7 +282,7 @@ class WorkerClient:
         now, and every call made after this one waits for it: a worker with every slot taken places
         a new request by evicting its least recently used one, a running request whenever the one
         that finished was not the oldest of its batch, and that request's next call then recomputes
-        its whole context (seconds on a CPU: bench/NOTES.md, fourteenth session)."""
+        its whole context (seconds on a CPU)."""
         if not request_ids or not self.up:
             done = asyncio.get_running_loop().create_future()
             done.set_result(None)

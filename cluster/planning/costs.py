@@ -53,10 +53,9 @@ class ProfileCosts(Costs):
     colocated deployment, one CPU machine) and the router pipelines drafting (pre-drafts or
     micro-batches), so the calibrated service's speculative Verifies ran beside its drafter's
     work. They are then priced at the plain rounds' calibration scale: the simulator's shared
-    device adds that contention itself, and their own scale would count it twice (bench/NOTES.md,
-    fifth session). Where rounds alternate (the default) the speculative Verifies ran alone, and
-    their own scale is their cost: 12-16 % above the plain rounds' at 2-3 rows on the EPYC VM
-    (bench/NOTES.md, sixteenth session)."""
+    device adds that contention itself, and their own scale would count it twice. Where rounds
+    alternate (the default) the speculative Verifies ran alone, and their own scale is their cost:
+    12-16 % above the plain rounds' at 2-3 rows on the EPYC VM."""
 
     def __init__(self, profile: Profile, drafter: str = "draft", drafts_overlap_verifies: bool = False):
         self.p = profile

@@ -7,8 +7,7 @@ asks: ``agree[p]``, how many of the output's tokens from p on the drafter drafts
 at p asking k drafts k tokens and has min(agree[p], k) accepted; the request moves on to
 p + accepted + 1. The acceptance model's draws do not keep this: a draw that accepts little early
 keeps the adaptive k low and costs more rounds than the service, which repeats the same path
-whenever its router asks the same k (bench/NOTES.md, ninth session: 11 simulated rounds against the
-service's 7 for one prompt).
+whenever its router asks the same k (for one prompt: 11 simulated rounds against the service's 7).
 """
 
 from __future__ import annotations

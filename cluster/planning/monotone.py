@@ -1,7 +1,7 @@
 """Measured forward times made monotone: a forward over more rows or more tokens never costs less.
 
-A profile's cells are medians of a few timings on a machine whose speed drifts by up to 2x within
-seconds (bench/NOTES.md, "Capacity planning"), so a grid can come out with a 4-token verify cheaper
+A profile's cells are medians of a few timings on a machine whose speed can drift by up to 2x
+within seconds (a shared VM does), so a grid can come out with a 4-token verify cheaper
 than a 1-token one. The simulator prices rounds from the grid and the router's verify-cost line is
 fitted through those prices, and one such dip tilts the line enough to switch speculation off where
 the service, fitting the same line through many real rounds, keeps it on. Isotonic regression (pool

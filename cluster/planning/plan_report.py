@@ -185,7 +185,7 @@ def plot_cost_frontier(evaluated: list[Evaluation], path: str | Path, slo: dict[
 
 
 def _efficiency(e: dict | None) -> str:
-    """The roofline's assumptions, which move the answer (bench/NOTES.md, the H100's measured overheads)."""
+    """The roofline's assumptions, which move the answer (docs/results.md, "On a GPU": the measured overheads)."""
     if not e:
         return ""
     return (

@@ -171,7 +171,7 @@ def _mean(dicts: list[dict[str, Any]]) -> dict[str, Any]:
 def _spread(summaries: list[dict[str, Any]]) -> dict[str, list[float]]:
     """Each compared metric's 10th and 90th percentile over the draws. With a few requests a
     percentile of the run is one request's, and the draws split by which request that is (two
-    groups of TPOT p50 at a saturating rate: bench/NOTES.md, ninth session): their mean can sit
+    groups of TPOT p50 at a saturating rate): their mean can sit
     between the groups, where no run lands, so the band says how far one run may fall from it."""
     out: dict[str, list[float]] = {}
     for key, _ in _METRICS:

@@ -163,7 +163,7 @@ class Overhead:
     """Per round, outside the workers' compute: the router, and the RPCs' own time. ``verify_scale``:
     the target worker's Verify compute in the service over the profile's forward at the same batch
     and tokens per row (the forward grid, timed alone in the profiling process, misses what the
-    service's other processes cost it: bench/NOTES.md); ``verify_scale_by_batch``: the same as
+    service's other processes cost it); ``verify_scale_by_batch``: the same as
     [mean batch, scale] points from speculative rounds (the grid's cells are timed at different
     moments, so its batch shape is off too), interpolated, used when there are any;
     ``verify_scale_plain_by_batch``: the same from plain-decoding rounds (one token per row, whose
@@ -171,16 +171,16 @@ class Overhead:
     service's prefill time over the profile's prefill curve for the same prompts. ``draft_scale``:
     the draft worker's Propose compute in the service over the profile's Propose at the same rows
     and steps; ``draft_scale_by_batch``: the same as [mean rows, scale] points, used when there are
-    any (on the float32 Qwen pair it went from 1.9 at one row to 1.0 at six: bench/NOTES.md).
+    any (on the float32 Qwen pair it went from 1.9 at one row to 1.0 at six).
     ``draft_step_by_rows``: the service's own Propose per draft step as [mean rows, ms per step]
     points, one per calibration scenario that timed Proposes, interpolated; when set they price the
     draft's Propose in place of the profile's grid (timed on the draft's own continuations, whose
     prompt-lookup guesses hit otherwise than on the target's text: its shape in rows and steps was
-    off by 15-25 % at 1.5-2.6 rows on the float32 Qwen pair, bench/NOTES.md). Past the last point
+    off by 15-25 % at 1.5-2.6 rows on the float32 Qwen pair). Past the last point
     the grid's growth in rows carries it on (a line through 1-2.7 rows priced a step of 8 rows
-    1.4-1.6x what the service took: bench/NOTES.md, ninth session). Points, not a line: the cost per
+    1.4-1.6x what the service took). Points, not a line: the cost per
     step is concave in the rows, and a line through 1-6.9 rows priced the one-row step, where the
-    light rates draft, 15 % over the service's (bench/NOTES.md, eleventh session).
+    light rates draft, 15 % over the service's).
     ``draft_prefill_scale``: the draft's prefill work over the profile's curve, set so that the
     simulated drafter's Prefills take as long per token as the service's did (its contention with
     the target included, which the simulated shared device adds itself:

@@ -67,7 +67,7 @@ def calibrate_draft_prefill(
     the simulation takes where the service did not would pull the fit away from what the service
     measured (before closed loops were staggered, the simulated Prefills of prompts split into
     chunks, 2x stretched by the target's prefill beside them, pulled it to 1.11 where the service's
-    own Proposes read 1.2-1.4: bench/NOTES.md, sixteenth session)."""
+    own Proposes read 1.2-1.4)."""
     kinds = timed_kinds(bench)
     measured = draft_prefill_ms_per_token(bench, profile, kinds)
     if measured is None or profile.draft_prefill is None:

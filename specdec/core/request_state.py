@@ -1,6 +1,6 @@
 """Per-request state of the speculative loop, free of torch: shared by the engine and the router.
 
-A `RequestState` owns the committed tokens of one request (DESIGN.md invariant 1): it says how
+A `RequestState` owns the committed tokens of one request (docs/design.md, invariant 1): it says how
 many tokens to draft next round, and commits a round's verified tokens through the stop rules.
 """
 

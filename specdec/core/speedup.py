@@ -1,4 +1,4 @@
-"""Speculative-decoding speed model (DESIGN.md "Speed: where it comes from").
+"""Speculative-decoding speed model (docs/design.md, Speed).
 
 Units: time is measured in target steps (one memory-bound target forward ~ one verify of k+1
 tokens); ``c`` = draft step time / target step time; ``a`` = per-token acceptance probability

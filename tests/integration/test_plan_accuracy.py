@@ -10,7 +10,7 @@ per-position rates (a request's first round apart), so with 4 requests one draw 
 +-30 %: the prediction is the mean of several draws. Timings get a factor of 2: on this shared
 2-core machine they move with whatever runs between the profile and the run (seen under load: OFF
 2.1x slower than predicted while AUTO, a minute earlier, was within 16 %). The full table (the Qwen
-pair with its draft worker) is in bench/NOTES.md.
+pair with its draft worker) is in docs/results.md, "The simulator against the service".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pool scaling through the Ray actuator (issue 12, part 1): `launch` with router.scaling on.
+"""Pool scaling through the Ray actuator: `launch` with router.scaling on.
 
 The session's local Ray cluster (conftest ``ray_cluster``: 2 draft_gpu, 2 target_gpu, no
 autoscaler, so the resources are there already; the node-launching path is the AutoscalingCluster
@@ -123,7 +123,7 @@ def test_burst_grows_the_target_pool_and_it_shrinks_back(deployment, tiny_paths,
     launch = next(x for x in deployment.actuator.launches if x.pool == "target")
     assert launch.ready_at is not None and launch.failed is None
     at = {a: t for t, a, _ in scaler.events}
-    figures = {  # bench/NOTES.md
+    figures = {  # printed, not asserted: timings (docs/results.md, Operations)
         "policy_reaction_s": at["scale_up_target"] - t_burst,
         "actor_start_s": launch.ready_at - launch.asked_at,
         "first_served_by_new_replica_s": new.first_served_at - t_burst,

@@ -204,7 +204,7 @@ def test_goodput_formula():
 
 
 def test_a_draft_prefill_on_the_targets_device_is_charged_once_over_the_rounds_a_request_has_left():
-    """Run 11 of the accuracy protocol (bench/NOTES.md, twelfth session): under a burst of 32-token
+    """Seen in bench/plan_accuracy.sh (docs/results.md, "The simulator against the service"): under a burst of 32-token
     requests each new request's draft prefill (~0.5 s on the two cores the target verifies on) was
     charged to no one, and AUTO ran at 0.89x plain decoding. New requests whose drafter owes the
     shared device their prompt stay off when their outputs are short (speculating pays per round,

@@ -36,7 +36,7 @@ def test_expected_tokens_and_speedup_values() -> None:
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
     assert speedup(0.5, 0.1, 2) == pytest.approx(1.75 / 1.2)
     assert speedup(0.9, 0.4, 0) == 1.0  # k = 0 is plain decoding
-    # DESIGN.md figures: a ~ 0.6, c ~ 0.4 -> modest gains, best at small k
+    # a ~ 0.6 with a draft step 0.4 of the target's -> modest gains, best at small k
     assert 1.0 < speedup(0.6, 0.4, 2) < 1.2
     with pytest.raises(ValueError):
         expected_tokens(1.5, 2)
