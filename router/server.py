@@ -284,8 +284,9 @@ class Router:
         return candidates
 
     def pick(self, model: str) -> TargetScheduler:
-        """The least-loaded scheduler serving ``model`` ("" = the first model); UNAVAILABLE with a
-        recovery estimate when every target for it has been down past ``recovery_timeout_s``."""
+        """The scheduler serving ``model`` ("" = the first model) that router/target_choice.py picks
+        (least load per KV slot, saturated last); UNAVAILABLE with a recovery estimate when every
+        target for it has been down past ``recovery_timeout_s``."""
         candidates = self.schedulers_for(model)
         limit = self.config.recovery_timeout_s
         now = time.monotonic()

@@ -1,7 +1,7 @@
 """The public ``specdec.v1.Generation`` servicer (grpc.aio): Generate, GenerateStream, ListModels, Tokenize.
 
 Each call is checked in order of cost (router.validate): the request id, the model (NOT_FOUND),
-every bound that needs no tokenizer, then room in the least-loaded scheduler's queue
+every bound that needs no tokenizer, then room in the queue of the scheduler router/target_choice.py picks
 (RESOURCE_EXHAUSTED with a queue-drain RetryInfo). Only then is text tokenized, by the target
 worker (another process: the router's loop keeps admitting other requests meanwhile), checked
 against the context and submitted. The handler then relays the job's committed chunks. When the
