@@ -62,7 +62,7 @@ from specdec.core.prefill_plan import PrefillNeed, chunks_between, plan_prefill
 from specdec.core.request_state import CostMeter, new_request
 from specdec.core.round_types import Draft
 from specdec.rpc import worker_pb2
-from specdec.rpc.convert import add_verify_item, sequence_to_proto
+from specdec.rpc.convert import sequence_to_proto
 from specdec.rpc.errors import RpcStatusError
 
 log = logging.getLogger(__name__)
@@ -345,11 +345,8 @@ class TargetScheduler:
         ks = self.balance.speculation(batch, ks)
         drafts, draft_wait = await self.drafting.drafts(batch, ks)
         self.drafting.launch_predraft(batch, ks, drafts, self._policy_k, self.balance.predraft)
-        request = worker_pb2.VerifyRequest()
-        for j, d in zip(batch, drafts):
-            add_verify_item(request, j.key, j.state.tokens, j.params, j.mode, d)
         t1 = clock.now()
-        outcomes, compute = await self.link.verify(request)
+        outcomes, compute = await self.link.verify(batch, drafts)
         t2 = clock.now()
         self.balance.log_round(batch, ks, [len(d.tokens) for d in drafts], draft_wait, t2 - t1, compute)
         if not any(isinstance(o, BaseException) for o in outcomes):

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import grpc
 
 from router import clock
 from router.config import RouterConfig
+from router.jobs import Job
 from router.workers import WorkerClient, WorkerUnavailable
+from specdec.core.round_types import Draft
 from specdec.rpc import worker_pb2
+from specdec.rpc.convert import add_verify_item
 from specdec.rpc.errors import RpcStatusError
 
 log = logging.getLogger(__name__)
@@ -49,9 +53,7 @@ class TargetLink:
                 log.info("target %s unavailable; replaying the round once it is back", self.name)
                 await asyncio.sleep(0.05)
 
-    async def _verify_call(
-        self, request: worker_pb2.VerifyRequest
-    ) -> tuple[list[worker_pb2.VerifyOutcome], float | None]:
+    async def _verify_call(self, request) -> tuple[list[worker_pb2.VerifyOutcome], float | None]:  # noqa: ANN001
         resp, compute = await self._replayed("Verify", request, len(request.items))
         return list(resp.outcomes), compute
 
@@ -59,8 +61,18 @@ class TargetLink:
         """Cache all but the last token of each sequence (prompt chunks), replayed like a verify."""
         await self._replayed("Prefill", worker_pb2.PrefillRequest(sequences=seqs), len(seqs))
 
-    async def verify(self, request: worker_pb2.VerifyRequest) -> tuple[list, float | None]:
-        """Outcomes (or the exception failing that item) in order, and the worker's compute time."""
+    def encode(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> worker_pb2.VerifyRequest:
+        """A round's Verify request: each job's committed tokens (its whole context: the worker's
+        cache is only a cache) and its draft, built into the request once."""
+        request = worker_pb2.VerifyRequest()
+        for job, draft in zip(jobs, drafts):
+            add_verify_item(request, job.key, job.state.tokens, job.params, job.mode, draft)
+        return request
+
+    async def verify(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> tuple[list, float | None]:
+        """Verify each job's draft: outcomes (or the exception failing that item) in order, and
+        the worker's compute time."""
+        request = self.encode(jobs, drafts)
         items = request.items
         try:
             return await self._verify_call(request)

@@ -18,16 +18,18 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cluster.planning.costs import Costs
 from cluster.planning.devices import Call, Device, Worker
 from cluster.planning.workload import SimRequestSpec
+from router.jobs import Job
+from router.target_link import TargetLink
 from specdec.core.round_types import Draft
 from specdec.rpc import worker_pb2
 
-__all__ = ["MATCH", "MISS", "VOCAB", "Outcomes", "SimNgram", "SimWorker"]
+__all__ = ["MATCH", "MISS", "VOCAB", "Outcomes", "SimNgram", "SimTargetLink", "SimVerifyRequest", "SimWorker"]
 
 VOCAB = 1 << 30  # token ids carry request indices (a prompt's first token)
 MATCH, MISS = 0, 1  # a draft token / a target token the drafter would not have guessed
@@ -94,6 +96,33 @@ class SimNgram:
         if k <= 0:
             return Draft(tokens=[], probs=[])
         return Draft(tokens=[MATCH] * self.outcomes.ngram(tokens, k), probs=None)
+
+
+@dataclass
+class SimVerifyRequest:
+    """A round's Verify as a simulated target needs it: (request key, its tokens, its draft's
+    length) per row. A simulated link passes it instead of the protobuf request, whose encoding of
+    every row's whole context is the service's cost of a round, not a decision."""
+
+    items: list[tuple[str, int, int]]
+
+
+class SimTargetLink(TargetLink):
+    """The router's target link to a simulated worker. Two things differ from the service's: the
+    round's request is not encoded (:class:`SimVerifyRequest`), and the router's own time for a
+    round (building and sending it: ``Costs.router_s``), which a simulation does not spend, is
+    waited before the call, where the service spends it."""
+
+    def __init__(self, link: TargetLink, costs: Costs):
+        super().__init__(link.name, link.target, link.cfg)
+        self.costs = costs
+
+    def encode(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> SimVerifyRequest:  # type: ignore[override]
+        return SimVerifyRequest([(j.key, len(j.state.tokens), len(d.tokens)) for j, d in zip(jobs, drafts)])
+
+    async def verify(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> tuple[list, float | None]:
+        await asyncio.sleep(self.costs.router_s(len(jobs)))
+        return await super().verify(jobs, drafts)
 
 
 class _Stub:
@@ -210,18 +239,16 @@ class SimWorker:
         self.cached[seq.request_id] = n
         return max(0, new)
 
-    async def _verify(self, request: worker_pb2.VerifyRequest):
+    async def _verify(self, request: SimVerifyRequest):
         c = self.costs
         items = request.items
         rows = len(items)
-        lengths = [len(it.sequence.tokens) for it in items]
         # The target's GEMMs run over the rows' tokens packed (runner.forward), so a round costs what
         # uniform rows of the mean width cost, not the widest row times the batch.
-        width = sum(len(it.draft.tokens) + 1 for it in items) / rows
-        compute = await self._run(c.router_s(rows) + c.verify_rpc_s, c.verify_s(rows, width, max(lengths)))
+        width = sum(k + 1 for _, _, k in items) / rows
+        compute = await self._run(c.verify_rpc_s, c.verify_s(rows, width, max(n for _, n, _ in items)))
         outcomes = []
-        for it, n in zip(items, lengths):
-            key, k = it.sequence.request_id, len(it.draft.tokens)
+        for key, n, k in items:
             tokens = self.outcomes.verify(key, n, k)
             self.cached[key] = n + len(tokens) - 1
             outcomes.append(worker_pb2.VerifyOutcome(request_id=key, tokens=tokens, num_accepted=len(tokens) - 1))

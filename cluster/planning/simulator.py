@@ -27,7 +27,7 @@ from prometheus_client import generate_latest
 from cluster.planning.costs import Costs
 from cluster.planning.devices import Device
 from cluster.planning.sim_clients import ClosedLoopClients
-from cluster.planning.sim_workers import Outcomes, SimNgram, SimWorker, jitter
+from cluster.planning.sim_workers import Outcomes, SimNgram, SimTargetLink, SimWorker, jitter
 from cluster.planning.virtual_loop import VirtualClockLoop
 from cluster.planning.workload import SimRequestSpec, WorkloadError
 from router.config import RouterConfig
@@ -138,6 +138,7 @@ class _Run:
             home = self.drafters[i % dep.drafts].name if self.drafters else None
             s = TargetScheduler(t.name, t, self.pool, home, cfg, self.metrics, _no_text)  # type: ignore[arg-type]
             s.drafting.ngram = SimNgram(self.outcomes)  # type: ignore[assignment]
+            s.link = SimTargetLink(s.link, dep.costs)
             self.schedulers.append(s)
         self.telemetry = (
             TelemetryLoop(lambda: self.targets + self.drafters, lambda: self.schedulers, cfg.rebalance, self.metrics)
