@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import multiprocessing
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +186,58 @@ class PlanResult:
         }
 
 
+_FORKED: _Planner | None = None  # the planner a forked simulation process evaluates with
+
+
+def _evaluate_forked(c: Candidate) -> tuple[Evaluation, int]:
+    assert _FORKED is not None
+    ev, res = _FORKED.evaluate(c)
+    return ev, res.peak_running
+
+
+class _Simulations:
+    """Candidates' simulations run ahead of the search in ``jobs`` processes (forked: they share the
+    planner's catalog and requests). A simulation is a pure function of its candidate and the
+    workload's seed, so the search reads the same results in the same order as with one process;
+    a candidate started ahead that the search then prunes is only wasted work."""
+
+    def __init__(self, planner: _Planner, jobs: int):
+        global _FORKED
+        self.planner = planner
+        self.pool: ProcessPoolExecutor | None = None
+        if jobs > 1:
+            _FORKED = planner
+            self.pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
+        self.jobs = jobs
+        self.started: dict[tuple, Future] = {}
+
+    def ahead(self, candidates: list[Candidate]) -> None:
+        """Start these, most likely needed first, while fewer than ``jobs`` simulations run."""
+        if self.pool is None:
+            return
+        running = sum(not f.done() for f in self.started.values())
+        for c in candidates:
+            if running >= self.jobs:
+                return
+            key = dataclasses.astuple(c)
+            if key not in self.started:
+                self.started[key] = self.pool.submit(_evaluate_forked, c)
+                running += 1
+
+    def result(self, c: Candidate) -> tuple[Evaluation, int]:
+        if self.pool is None:
+            ev, res = self.planner.evaluate(c)
+            return ev, res.peak_running
+        key = dataclasses.astuple(c)
+        if key not in self.started:
+            self.started[key] = self.pool.submit(_evaluate_forked, c)
+        return self.started.pop(key).result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 class _Planner:
     def __init__(
         self,
@@ -195,6 +249,7 @@ class _Planner:
         space: SearchSpace,
         router: RouterConfig,
         progress: Callable[[str], None],
+        jobs: int = 1,
     ):
         self.cat, self.target, self.draft = catalog, target, draft
         self.wl, self.slo, self.space, self.router = workload, slo, space, router
@@ -204,6 +259,7 @@ class _Planner:
         self.requests = workload.make()
         self.needed_tok_s = workload.rate * workload.output.mean
         self.sims = 0
+        self.simulations = _Simulations(self, jobs)
         self._unbound: dict[tuple, tuple[int, Evaluation]] = {}  # runs whose max batch never bound
 
     # ---- the configurations --------------------------------------------------------------------
@@ -256,8 +312,9 @@ class _Planner:
             prev = hit[1]
             same = f"the run with batch {prev.candidate.max_batch} (it never filled it)"
             return Evaluation(c, prev.ok, list(prev.reasons), self._cost(c), dict(prev.metrics), same)
-        ev, res = self.evaluate(c)
-        if res.peak_running < c.max_batch and (hit is None or c.max_batch < hit[0]):
+        ev, peak_running = self.simulations.result(c)
+        self.sims += 1
+        if peak_running < c.max_batch and (hit is None or c.max_batch < hit[0]):
             self._unbound[key] = (c.max_batch, ev)
         return ev
 
@@ -282,7 +339,6 @@ class _Planner:
         )
         reqs = self.requests if rate is None else self.wl.make(rate)
         res = simulate(dep, reqs, seed=self.wl.seed)
-        self.sims += 1
         s = res.summary
         metrics = {
             "throughput_tok_s": s["throughput_tok_s"],
@@ -357,6 +413,7 @@ class _Planner:
             if bound >= limit:
                 evaluated.append(Evaluation(c, False, [f"not simulated: costs at least ${bound:.2f}/h"], bound))
                 continue
+            self.simulations.ahead([c] + [b for b, cost in bases[i + 1 :] if cost < limit])
             self.progress(f"[{i + 1}/{len(bases)}] {c.label()}")
             prev: Evaluation | None = None
             while c.groups <= self.space.max_groups:
@@ -372,6 +429,7 @@ class _Planner:
                 nxt = c.with_groups(c.groups + 1)
                 if self._cost(nxt) >= limit:
                     break
+                self.simulations.ahead([nxt])
                 c = nxt
         return evaluated, misfits
 
@@ -415,6 +473,7 @@ def plan(
     space: SearchSpace | None = None,
     router: RouterConfig | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    jobs: int = 1,
 ) -> PlanResult:
     space = space or SearchSpace()
     target_shape = catalog.model(target)
@@ -425,7 +484,7 @@ def plan(
         raise PlanError("the arrival rate must be > 0")
     if draft_shape is not None and not workload.acceptance.get("draft"):
         raise PlanError("planning with a draft model needs its acceptance: --acceptance A or --profile")
-    p = _Planner(catalog, target_shape, draft_shape, workload, slo, space, router or RouterConfig(), progress)
+    p = _Planner(catalog, target_shape, draft_shape, workload, slo, space, router or RouterConfig(), progress, jobs)
     question = {
         "target": target,
         "draft": draft,
@@ -449,7 +508,10 @@ def plan(
             f"{largest.max_tp * largest.memory_gb * 0.9:.0f} GB usable)"
         )
         return PlanResult(None, [], [], [], question, answer, p)
-    evaluated, misfits = p.run()
+    try:
+        evaluated, misfits = p.run()
+    finally:
+        p.simulations.close()
     ok = _distinct(sorted((e for e in evaluated if e.ok and e.same_as is None), key=lambda e: e.cost_per_hour))
     failed = [e for e in evaluated if not e.ok]
     question["simulations"] = p.sims

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -322,7 +323,9 @@ def _plan(args: argparse.Namespace) -> int:
         if bad:
             raise PlanError(f"unknown k policies {bad}: use adaptive, k4 or off")
         slo = SLO(args.ttft_p99_ms, args.tpot_p99_ms, args.min_throughput)
-        result = plan(catalog, args.target, args.draft, workload, slo, space, router, _progress)
+        if args.jobs < 1:
+            raise PlanError(f"--jobs must be >= 1 (got {args.jobs})")
+        result = plan(catalog, args.target, args.draft, workload, slo, space, router, _progress, args.jobs)
     except (CatalogError, PlanError, WorkloadError, ProfileError, ValueError) as exc:
         _err(str(exc))
         return USAGE
@@ -438,6 +441,12 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-groups", type=int, default=64, help="target groups tried per configuration, at most")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runners-up", type=int, default=3)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="simulations run at once, in processes (default: the CPUs; the answer does not depend on it)",
+    )
     p.add_argument("--json", default=None, metavar="OUT")
     p.add_argument("--plot", default=None, metavar="PREFIX", help="PREFIX-latency.png and PREFIX-frontier.png")
     p.set_defaults(func=_plan)

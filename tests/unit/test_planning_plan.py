@@ -92,6 +92,16 @@ def test_plan_finds_the_cheapest_deployment_that_meets_the_objectives(catalog):
     assert d["best"]["gpus"] and json.dumps(d)
 
 
+def test_simulations_in_parallel_processes_give_the_same_plan(catalog):
+    """--jobs runs candidates' simulations ahead of the search in forked processes: every
+    evaluation (pruned ones included) and the answer are those of the one-process search."""
+    space = SearchSpace(target_devices=["L4", "A100-80GB"], draft_devices=["colocated"], max_batches=(32,))
+    slo = SLO(ttft_p99_ms=3000, tpot_p99_ms=200)
+    one = plan(catalog, "llama-3.1-8b", "llama-3.2-1b", workload(n=20), slo, space, jobs=1)
+    two = plan(catalog, "llama-3.1-8b", "llama-3.2-1b", workload(n=20), slo, space, jobs=2)
+    assert two.to_dict() == one.to_dict() and one.question["simulations"] >= 2
+
+
 def test_draft_replicas_follow_the_groups():
     c = Candidate("A100-80GB", 2, 1, "L4", 1, "adaptive", 32, draft_ratio=0.5)
     assert [c.with_groups(g).drafts for g in (1, 2, 3, 4)] == [1, 1, 2, 2]
