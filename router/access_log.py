@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from router import clock
 
 __all__ = ["ACCESS_LOGGER", "AccessRecord"]
 
@@ -34,19 +35,19 @@ class AccessRecord:
 
     rpc: str
     peer: str
-    t_start: float = field(default_factory=time.monotonic)
+    t_start: float = field(default_factory=clock.now)
     request_id: str = ""
     model: str = ""
     status: str = "OK"
     finish_reason: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    t_first: float | None = None  # time.monotonic() of the first token
+    t_first: float | None = None  # the router clock (router/clock.py) at the first token
     acceptance_rate: float | None = None
     _emitted: bool = False
 
     def fields(self, now: float | None = None) -> dict[str, Any]:
-        now = time.monotonic() if now is None else now
+        now = clock.now() if now is None else now
         return {
             "rpc": self.rpc,
             "request_id": self.request_id or None,

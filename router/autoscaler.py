@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any, Protocol
 
+from router import clock
 from router.pool_size import POOLS, PoolSizeConfig, ScaleState, draft_observation, plan_pool, target_observation
 from router.workers import Endpoint
 
@@ -70,7 +70,7 @@ class Autoscaler:
 
     # ---- the clock ---------------------------------------------------------------------------
     def tick(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
+        now = clock.now() if now is None else now
         r = self.router
         self._finish_drains(now)
         targets = [s.balance.view() for s in r.schedulers]
@@ -94,7 +94,7 @@ class Autoscaler:
 
     def _record(self, action: str, who: str, reason: str) -> None:
         self.metrics.rebalance_actions.labels(action).inc()
-        self.events.append((time.monotonic(), action, who))
+        self.events.append((clock.now(), action, who))
         log.info("%s: %s (%s)", action, who, reason)
 
     def _gauges(self, pool: str, serving: int) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
-import time
 from collections.abc import Callable
 
 import grpc
 
+from router import clock
 from specdec.rpc.auth import PUBLIC_HEADER
 from specdec.rpc.errors import RpcStatusError, abort_with_async
 
@@ -70,7 +70,7 @@ class ClientLimiter(grpc.aio.ServerInterceptor):
             self.inflight[key] = n
         else:
             del self.inflight[key]
-        self.mean_s += _EMA * (time.monotonic() - t0 - self.mean_s)
+        self.mean_s += _EMA * (clock.now() - t0 - self.mean_s)
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -88,7 +88,7 @@ class ClientLimiter(grpc.aio.ServerInterceptor):
                     key = limiter._enter(method, context)
                 except RpcStatusError as exc:
                     await abort_with_async(context, exc, method, quiet=True)
-                t0 = time.monotonic()
+                t0 = clock.now()
                 try:
                     async for item in behaviour(request, context):
                         yield item
@@ -102,7 +102,7 @@ class ClientLimiter(grpc.aio.ServerInterceptor):
                 key = limiter._enter(method, context)
             except RpcStatusError as exc:
                 await abort_with_async(context, exc, method, quiet=True)
-            t0 = time.monotonic()
+            t0 = clock.now()
             try:
                 return await behaviour(request, context)
             finally:

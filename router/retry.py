@@ -8,8 +8,9 @@ the worker is expected back, from how long its last recovery took.
 
 from __future__ import annotations
 
-import time
 from collections import deque
+
+from router import clock
 
 __all__ = ["DrainEstimate", "recovery_estimate", "worker_recovery_estimate", "MIN_RETRY_S", "MAX_RETRY_S"]
 
@@ -30,14 +31,14 @@ class DrainEstimate:
         self._ends: deque[float] = deque(maxlen=window)
 
     def finished(self, now: float | None = None) -> None:
-        self._ends.append(time.monotonic() if now is None else now)
+        self._ends.append(clock.now() if now is None else now)
 
     def seconds(self, waiting: int, now: float | None = None) -> float:
         """Time for ``waiting`` queued requests and one more to be admitted, at the recent rate of
         request ends (a rate that decays while nothing ends, so an idle spell gives a longer delay)."""
         if not self._ends:
             return UNKNOWN_RETRY_S
-        now = time.monotonic() if now is None else now
+        now = clock.now() if now is None else now
         rate = len(self._ends) / max(now - self._ends[0], 1e-3)
         return _clamp((waiting + 1) / rate)
 
@@ -52,6 +53,6 @@ def recovery_estimate(last_recovery_s: float | None, down_for_s: float) -> float
 
 def worker_recovery_estimate(worker, now: float | None = None) -> float:
     """:func:`recovery_estimate` for a :class:`router.workers.WorkerClient`."""
-    now = time.monotonic() if now is None else now
+    now = clock.now() if now is None else now
     down_for = now - worker.down_since if not worker.up and worker.down_since is not None else 0.0
     return recovery_estimate(worker.last_recovery_s, down_for)

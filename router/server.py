@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from router import clock
 from router.autoscaler import Autoscaler, PoolActuator
 from router.client_limit import ClientLimiter
 from router.config import RouterConfig
@@ -289,7 +289,7 @@ class Router:
         target for it has been down past ``recovery_timeout_s``."""
         candidates = self.schedulers_for(model)
         limit = self.config.recovery_timeout_s
-        now = time.monotonic()
+        now = clock.now()
         alive = [s for s in candidates if s.target.up or s.link.down_since is None or now - s.link.down_since < limit]
         if not alive:
             raise RpcStatusError(

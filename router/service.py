@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -22,6 +21,7 @@ from typing import Protocol
 
 import grpc
 
+from router import clock
 from router.access_log import AccessRecord
 from router.config import RouterConfig
 from router.metrics import Metrics
@@ -172,7 +172,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                     return
         finally:
             if not job.done:  # the client cancelled or its deadline passed
-                late = job.deadline is not None and time.monotonic() >= job.deadline - 0.01
+                late = job.deadline is not None and clock.now() >= job.deadline - 0.01
                 rec.status = "DEADLINE_EXCEEDED" if late else "CANCELLED"
                 sched.cancel(job, "deadline" if late else "cancelled")
             rec.acceptance_rate = job.state.stats.acceptance_rate if job.state.stats.drafted else None

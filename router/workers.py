@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
 
+from router import clock
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.telemetry import COMPUTE_METADATA_KEY
 from specdec.rpc.worker_secret import aio_client_interceptors
@@ -122,7 +122,7 @@ class WorkerClient:
         self.telemetry = None  # latest specdec.rpc.telemetry.DeviceSample (router/telemetry_loop.py polls it)
         self.up = False
         self.restarts = 0  # address changes after a failure (a restarted actor)
-        self.down_since: float | None = None  # time.monotonic() when it went down
+        self.down_since: float | None = None  # clock.now() when it went down
         self.last_recovery_s: float | None = None  # how long its last recovery took (for RetryInfo)
         self.lock = asyncio.Lock()  # batch RPCs (Propose / Verify) go one at a time
         self._releasing: set[asyncio.Task] = set()  # Release calls in flight: later calls wait for them
@@ -187,7 +187,7 @@ class WorkerClient:
     def mark_down(self, why: str) -> None:
         if self.up:
             log.warning("%s worker %s (%s) is down: %s", self.role, self.name, self.address, why)
-            self.down_since = time.monotonic()
+            self.down_since = clock.now()
         self._set_up(False)
         self._ensure_recovery()
 
@@ -198,7 +198,7 @@ class WorkerClient:
 
     async def _recover(self) -> None:
         delay = 0.05
-        t0 = time.monotonic()
+        t0 = clock.now()
         while not self._closed:
             try:
                 await self._probe()
@@ -208,10 +208,10 @@ class WorkerClient:
                 delay = min(delay * 2, 1.0)
                 continue
             if self.down_since is not None:
-                self.last_recovery_s = time.monotonic() - self.down_since
-            if self.restarts or time.monotonic() - t0 > 1:
+                self.last_recovery_s = clock.now() - self.down_since
+            if self.restarts or clock.now() - t0 > 1:
                 log.info(
-                    "%s worker %s is up at %s (after %.1f s)", self.role, self.name, self.address, time.monotonic() - t0
+                    "%s worker %s is up at %s (after %.1f s)", self.role, self.name, self.address, clock.now() - t0
                 )
             self._set_up(True)
             return
