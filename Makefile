@@ -51,7 +51,7 @@ sysdeps:
 
 test: lint sysdeps
 	$(BIN)/specdec models prepare smollm2-135m-instruct
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests
 
 bench: dev
 	$(BIN)/specdec models prepare $(TARGET) $(DRAFT)
