@@ -156,7 +156,9 @@ def test_a_running_stream_keeps_getting_tokens_while_long_prompts_prefill(chunke
         done.set()
 
     threading.Thread(target=burst, daemon=True).start()
+    t_end = time.monotonic() + 120
     while _chunks(router) == start:  # the burst's prefill has begun
+        assert time.monotonic() < t_end, "the burst's prefill ran no chunk in 120 s"
         time.sleep(0.01)
     during = 0
     for c in stream:  # the stream gets tokens in between the burst's chunks (budget: its verify rows first)
@@ -177,7 +179,9 @@ def test_cancel_mid_prefill_frees_the_slot_and_runs_no_more_chunks(chunked):
     router, client = chunked
     start = _chunks(router)
     call = client.stub.GenerateStream(build_request(prompt_token_ids=_prompt(4, 1000), max_tokens=4), timeout=300)
+    t_end = time.monotonic() + 120
     while _chunks(router) - start < 3:
+        assert time.monotonic() < t_end, f"the prompt's prefill ran {_chunks(router) - start} chunks in 120 s, not 3"
         time.sleep(0.01)
     call.cancel()  # the client goes away: the router drops the job
     t_end = time.monotonic() + 30

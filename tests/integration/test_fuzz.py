@@ -184,8 +184,10 @@ def _call(
             stream = svc.raw[method](data, timeout=timeout)
             for _ in stream:
                 if cancel_early:
+                    # CANCELLED when the cancel ended the call; if the server had already ended it,
+                    # the cancel is a no-op and this is the server's own status
                     stream.cancel()
-                    return grpc.StatusCode.CANCELLED, "cancelled by the test"
+                    return stream.code(), stream.details()
         else:
             svc.raw[method](data, timeout=timeout)
         return grpc.StatusCode.OK, None

@@ -406,7 +406,6 @@ def test_killed_target_restarts_and_rebuilds_from_tokens(workers, reference, wai
     import ray
 
     old_pid = ray.get(workers.target.handle.pid.remote())
-    old_address = workers.target.address
 
     def kill_after_3(rounds: int) -> None:
         if rounds != 3:
@@ -420,7 +419,6 @@ def test_killed_target_restarts_and_rebuilds_from_tokens(workers, reference, wai
     assert req.generated == reference["results"]["greedy"].token_ids
     info = ray.get(workers.target.handle.info.remote())
     assert info["restarted"] is True and info["pid"] != old_pid
-    assert workers.target.address != old_address or info["pid"] != old_pid
     assert workers.target.info().free_slots == TARGET_SLOTS
     # A named actor is found again by name, too.
     assert ray.get(ray.get_actor(TARGET_NAME).address.remote()) == workers.target.address

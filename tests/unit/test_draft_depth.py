@@ -98,7 +98,8 @@ def test_no_depth_flapping_on_a_noisy_trace():
 
 
 def test_depth_plans():
-    assert depth_plan("normal", 1, 12, CFG) == depth_plan("normal", 1, 12, CFG)
+    # normal leaves the request's own k range, draft cost and pre-draft setting untouched
+    assert depth_plan("normal", 1, 12, CFG) == DepthPlan(1, 12, cost_scale=1.0, predraft=None)
     deep, normal, shallow = (depth_plan(lv, 1, 12, CFG) for lv in ("deep", "normal", "shallow"))
     assert (normal.k_lo, normal.k_hi, normal.predraft) == (1, 12, None)
     assert deep.k_lo == 1 + CFG.deep_extra_k and deep.cost_scale < 1 and deep.predraft is True

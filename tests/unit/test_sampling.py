@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from specdec.core import sampling
 from specdec.core.params import InvalidParams, SamplingParams
 from specdec.core.sampling import (
     draw_from_probs,
@@ -338,4 +337,12 @@ def test_make_generator_unseeded_differs() -> None:
     a = torch.rand(4, generator=make_generator(None))
     b = torch.rand(4, generator=make_generator(None))
     assert not torch.equal(a, b)
-    assert sampling.make_generator(2**64 - 1) is not None
+
+
+def test_make_generator_takes_the_full_64_bit_seed() -> None:
+    # Seeds are 64-bit on the wire; the largest must seed the generator as itself, deterministically.
+    top = 2**64 - 1
+    assert make_generator(top).initial_seed() == top
+    draws = torch.rand(4, generator=make_generator(top))
+    assert torch.equal(draws, torch.rand(4, generator=make_generator(top)))
+    assert not torch.equal(draws, torch.rand(4, generator=make_generator(top - 1)))
