@@ -14,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import multiprocessing
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.planning.ahead import Ahead
 from cluster.planning.catalog import Catalog, Device, ModelShape
 from cluster.planning.costs import RooflineCosts, fits, memory_needed_gb
 from cluster.planning.simulator import Deployment, SimResult, simulate
@@ -186,58 +185,6 @@ class PlanResult:
         }
 
 
-_FORKED: _Planner | None = None  # the planner a forked simulation process evaluates with
-
-
-def _evaluate_forked(c: Candidate) -> tuple[Evaluation, int]:
-    assert _FORKED is not None
-    ev, res = _FORKED.evaluate(c)
-    return ev, res.peak_running
-
-
-class _Simulations:
-    """Candidates' simulations run ahead of the search in ``jobs`` processes (forked: they share the
-    planner's catalog and requests). A simulation is a pure function of its candidate and the
-    workload's seed, so the search reads the same results in the same order as with one process;
-    a candidate started ahead that the search then prunes is only wasted work."""
-
-    def __init__(self, planner: _Planner, jobs: int):
-        global _FORKED
-        self.planner = planner
-        self.pool: ProcessPoolExecutor | None = None
-        if jobs > 1:
-            _FORKED = planner
-            self.pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
-        self.jobs = jobs
-        self.started: dict[tuple, Future] = {}
-
-    def ahead(self, candidates: list[Candidate]) -> None:
-        """Start these, most likely needed first, while fewer than ``jobs`` simulations run."""
-        if self.pool is None:
-            return
-        running = sum(not f.done() for f in self.started.values())
-        for c in candidates:
-            if running >= self.jobs:
-                return
-            key = dataclasses.astuple(c)
-            if key not in self.started:
-                self.started[key] = self.pool.submit(_evaluate_forked, c)
-                running += 1
-
-    def result(self, c: Candidate) -> tuple[Evaluation, int]:
-        if self.pool is None:
-            ev, res = self.planner.evaluate(c)
-            return ev, res.peak_running
-        key = dataclasses.astuple(c)
-        if key not in self.started:
-            self.started[key] = self.pool.submit(_evaluate_forked, c)
-        return self.started.pop(key).result()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-
-
 class _Planner:
     def __init__(
         self,
@@ -259,7 +206,8 @@ class _Planner:
         self.requests = workload.make()
         self.needed_tok_s = workload.rate * workload.output.mean
         self.sims = 0
-        self.simulations = _Simulations(self, jobs)
+        # a candidate's simulation is a pure function of it and the workload's seed
+        self.simulations = Ahead(self._simulate, jobs)
         self._unbound: dict[tuple, tuple[int, Evaluation]] = {}  # runs whose max batch never bound
 
     # ---- the configurations --------------------------------------------------------------------
@@ -317,6 +265,11 @@ class _Planner:
         if peak_running < c.max_batch and (hit is None or c.max_batch < hit[0]):
             self._unbound[key] = (c.max_batch, ev)
         return ev
+
+    def _simulate(self, c: Candidate) -> tuple[Evaluation, int]:
+        """What the search keeps of a candidate's run: its evaluation and its peak batch."""
+        ev, res = self.evaluate(c)
+        return ev, res.peak_running
 
     def evaluate(self, c: Candidate, rate: float | None = None) -> tuple[Evaluation, SimResult]:
         tdev = self.cat.device(c.target_device)
