@@ -11,5 +11,6 @@ runs the router's own scheduler, drafting and rebalancer on a simulated clock, a
   event loop on simulated time it runs on, :mod:`.sim_workers` the workers it calls (over the
   processor-sharing devices of :mod:`.devices`), :mod:`.sim_clients` bench serve's closed-loop clients.
 * :mod:`.predict`: a `specdec bench serve` run predicted from a profile, and put next to a measured one.
-* :mod:`.planner` and :mod:`.plan_report`: the deployment search, its table, JSON and plots.
+* :mod:`.planner` and :mod:`.plan_report`: the deployment search, its table, JSON and plots;
+  :mod:`.ahead` runs its simulations ahead in processes.
 """
