@@ -81,7 +81,7 @@ class _Drafter:
 class DrafterPool:
     def __init__(self, config: RouterConfig, metrics: Metrics, clock: Callable[[], float] = now):
         self.cfg = config
-        self.clock = clock  # the capacity simulator passes its simulated time
+        self.clock = clock  # the router clock; a unit test may drive its own
         self.policy = config.drafter_choice
         self.metrics = metrics
         self._d: dict[str, _Drafter] = {}

@@ -111,7 +111,7 @@ class TargetScheduler:
         self.running: list[Job] = []
         self.served = 0  # requests completed here (autoscaling: a new replica serves)
         self.peak_running = 0  # the most requests run at once (the planner: did the batch cap bind?)
-        self.first_served_at: float | None = None  # monotonic
+        self.first_served_at: float | None = None  # router clock
         self._wake = asyncio.Event()
         self._closing = False
         self._lanes: list[asyncio.Task] = []

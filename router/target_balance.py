@@ -11,11 +11,9 @@ speculation by acceptance only).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from router import draft_depth
-from router.clock import now
+from router import clock, draft_depth
 from router.draft_depth import (
     DepthPlan,
     DepthState,
@@ -53,9 +51,8 @@ def _pct(x: float | None) -> str:
 
 
 class TargetBalance:
-    def __init__(self, sched: TargetScheduler, clock: Callable[[], float] = now):
+    def __init__(self, sched: TargetScheduler):
         self.s = sched
-        self.clock = clock
         self.cfg = sched.cfg.rebalance
         self.depth = DepthState()
         self.wait_share = 0.0  # EWMA of the share of round time spent waiting for drafts
@@ -187,13 +184,10 @@ class TargetBalance:
         views = {v.name: v for v in pool.views(now) if v.up} if pool is not None else {}
         here = getattr(self.s.target.info, "placement", "")
         jobs = []
-        priced: dict[str | None, DrafterView | None] = {}  # by drafter: one price per drafter and round
+        drafters = {j.drafter for j in batch if j.spec == "draft"}  # one price per drafter and round
+        priced = {name: priced_drafter(name, views, self.s.cfg.drafter_choice) for name in drafters}
         for i, (j, k, a) in enumerate(zip(batch, ks, acceptance)):
-            d = None
-            if j.spec == "draft":
-                if j.drafter not in priced:
-                    priced[j.drafter] = priced_drafter(j.drafter, views, self.s.cfg.drafter_choice)
-                d = priced[j.drafter]
+            d = priced[j.drafter] if j.spec == "draft" else None
             fixed, step = d.price() if d is not None else (0.0, 0.0)
             jobs.append(
                 SpecJob(
@@ -236,7 +230,7 @@ class TargetBalance:
         cost = self.cost()
         if not new or not self._decided() or cost is None:
             return
-        now = self.clock()
+        now = clock.now()
         jobs = self._spec_jobs(running, ks, now, free=new)
         jobs = capped(jobs, round_k_cap(jobs, cost, self.s.cfg.speculation_off.off_margin))
         flags = plan_speculation(jobs, cost, now, self.s.cfg.speculation_off)
@@ -292,7 +286,7 @@ class TargetBalance:
         """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
         if not batch or not self._decided():
             return ks  # off, or not enough measured acceptance to decide anything yet
-        now = self.clock()
+        now = clock.now()
         cost = self.cost()
         jobs = self._spec_jobs(batch, ks, now)
         cap = round_k_cap(jobs, cost, self.s.cfg.speculation_off.off_margin)

@@ -39,6 +39,7 @@ MATCH, MISS = 0, 1  # a draft token / a target token the drafter would not have 
 class _Request:
     spec: SimRequestSpec
     drafter: str  # "draft" | "ngram": whose acceptance model applies
+    index: int  # its prompt's first token
 
 
 class Outcomes:
@@ -53,11 +54,13 @@ class Outcomes:
         self._pending: dict[str, tuple[int, int, bool]] = {}  # an n-gram draft's drawn outcome
 
     def add(self, index: int, key: str, spec: SimRequestSpec, drafter: str) -> None:
-        self._by_key[key] = _Request(spec, drafter)
+        self._by_key[key] = _Request(spec, drafter, index)
         self._by_index[index] = key
 
     def forget(self, key: str) -> None:
-        self._by_key.pop(key, None)
+        r = self._by_key.pop(key, None)
+        if r is not None:
+            self._by_index.pop(r.index, None)
         self._pending.pop(key, None)
 
     def _draw(self, key: str, tokens: int, k: int) -> tuple[int, int, bool]:

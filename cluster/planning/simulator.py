@@ -147,6 +147,7 @@ class _Run:
         )
         self.clients = ClosedLoopClients(requests)
         self.records: list[dict[str, Any]] = []
+        self.open: dict[str, tuple[Job, dict[str, Any]]] = {}  # by record id: requests not ended yet
         self.rejected = 0
         self.finished = 0
         self.all_done = asyncio.Event()
@@ -205,6 +206,7 @@ class _Run:
             self.outcomes.add(index, job.key, spec, drafter)
         record = {"id": spec.id, "mode": self.dep.mode, "t_start": job.t_arrival}
         self.records.append(record)
+        self.open[job.key] = (job, record)
         try:
             sched.submit(job)
         except QueueFull as exc:
@@ -215,6 +217,16 @@ class _Run:
         job.events = _Stream(self, job, record)  # type: ignore[assignment]
 
     def _done(self, job: Job, record: dict[str, Any]) -> None:
+        self._fill(job, record)
+        self.finished += 1
+        if self.finished == len(self.requests):
+            self.all_done.set()
+        if self.closed:
+            self._send_next()
+
+    def _fill(self, job: Job, record: dict[str, Any]) -> None:
+        """A request's record as bench serve writes it (once it ended, or at the time limit)."""
+        del self.open[job.key]
         st = job.state
         record.update(
             t_first=job.t_first,
@@ -224,11 +236,6 @@ class _Run:
             finish_reason=st.finish_reason,
         )
         record.setdefault("error", None)
-        self.finished += 1
-        if self.finished == len(self.requests):
-            self.all_done.set()
-        if self.closed:
-            self._send_next()
 
     async def stop(self) -> None:
         """End every task the router started (lanes, background calls, the telemetry loop)."""
@@ -241,14 +248,10 @@ class _Run:
     # ---- results --------------------------------------------------------------------------------
     def result(self) -> SimResult:
         now = self.loop.time()
-        for r in self.records:
-            if "t_end" not in r:  # still running at the time limit
-                r.update(t_end=now, error="unfinished: the deployment fell behind its arrivals")
-                r.setdefault("t_first", None)
-                r.setdefault("t_last", None)
-                r.setdefault("tokens", 0)
-                r.setdefault("stats", {})
-                r.setdefault("finish_reason", None)
+        unfinished = len(self.open) + len(self.requests) - len(self.records)  # running, or never sent
+        for job, record in list(self.open.values()):
+            record.update(t_end=now, error="unfinished: the deployment fell behind its arrivals")
+            self._fill(job, record)
         wall = max((r["t_end"] for r in self.records), default=0.0)  # from time 0, as bench serve's clock
         split = phase_split({}, parse_metrics(generate_latest(self.metrics.registry).decode())) or {"rounds": 0}
         span = max(now, 1e-9)
@@ -268,9 +271,7 @@ class _Run:
             mean_batch=round(rows / rounds, 3) if rounds else 0.0,
             split=split,
             rejected=self.rejected,
-            unfinished=sum(r["error"] is not None and r["error"].startswith("unfinished") for r in self.records)
-            + len(self.requests)
-            - len(self.records),
+            unfinished=unfinished,
             predraft_hit_rate=split.get("predraft_hit_rate"),
             peak_running=max(s.peak_running for s in self.schedulers),
             rebalance_actions=_counters(self.metrics.rebalance_actions),

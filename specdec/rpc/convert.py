@@ -174,13 +174,24 @@ class WireSequence:
 def sequence_to_proto(
     request_id: str, tokens: Sequence[int], params: SamplingParams, mode: VerifyMode | str | None, k: int = 0
 ) -> worker_pb2.Sequence:
-    return worker_pb2.Sequence(
-        request_id=request_id,
-        tokens=tokens,
-        params=params_to_proto(params),
-        mode=mode_to_proto(mode),
-        k=int(k),
-    )
+    m = worker_pb2.Sequence()
+    _fill_sequence(m, request_id, tokens, params, mode, k)
+    return m
+
+
+def _fill_sequence(
+    m: worker_pb2.Sequence,
+    request_id: str,
+    tokens: Sequence[int],
+    params: SamplingParams,
+    mode: VerifyMode | str | None,
+    k: int = 0,
+) -> None:
+    m.request_id = request_id
+    m.tokens.extend(tokens)
+    m.params.CopyFrom(params_to_proto(params))
+    m.mode = mode_to_proto(mode)
+    m.k = int(k)
 
 
 def add_verify_item(
@@ -194,16 +205,8 @@ def add_verify_item(
     """Append one sequence and its draft to ``request`` in place. A sequence carries its whole
     context every round: built into the request once, not copied in from a message of its own."""
     item = request.items.add()
-    seq = item.sequence
-    seq.request_id = request_id
-    seq.tokens.extend(tokens)
-    seq.params.CopyFrom(params_to_proto(params))
-    seq.mode = mode_to_proto(mode)
-    d = item.draft
-    d.request_id = request_id
-    d.tokens.extend(draft.tokens)
-    for ids, probs in draft.probs or []:
-        d.dists.add(ids=ids, probs=probs)
+    _fill_sequence(item.sequence, request_id, tokens, params, mode)
+    item.draft.CopyFrom(draft_to_proto(request_id, draft))  # k tokens: small
 
 
 def check_token_ids(tokens: Iterable[int], vocab_size: int | None, field: str) -> None:
