@@ -24,6 +24,17 @@ torch.set_num_threads(1)
 SMOLLM = "smollm2-135m-instruct"
 
 
+def skip_for_environment(reason: str) -> None:
+    """Skip a test this machine cannot run (no root, no namespaces, a missing tool), saying why.
+
+    With SPECDEC_REQUIRE_ALL=1 (set by .ci/run) the test fails with the same reason instead: CI
+    cannot go green without the end-to-end tests having run.
+    """
+    if os.environ.get("SPECDEC_REQUIRE_ALL") == "1":
+        pytest.fail(f"SPECDEC_REQUIRE_ALL=1 and this test cannot run here: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
     """Tests may change torch's thread count; the next test starts from the session's one thread."""

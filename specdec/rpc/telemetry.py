@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,8 +168,9 @@ class WorkerMeter:
       emulate a slower device (tests of the rebalancer, `specdec bench rebalance`).
     """
 
-    def __init__(self, bench_step_delay_s: float = 0.0):
+    def __init__(self, bench_step_delay_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
         self.bench_step_delay_s = float(bench_step_delay_s)
+        self.clock = clock  # seconds; a test's manual clock makes busy fractions exact
         self.sampler: TelemetrySampler | None = None
         self._lock = threading.Lock()
         self._active = 0
@@ -181,7 +182,7 @@ class WorkerMeter:
         """Time a model call (sections may nest or overlap: their union counts once)."""
         with self._lock:
             if self._active == 0:
-                self._since = time.monotonic()
+                self._since = self.clock()
             self._active += 1
         try:
             if self.bench_step_delay_s > 0 and steps > 0:
@@ -191,12 +192,12 @@ class WorkerMeter:
             with self._lock:
                 self._active -= 1
                 if self._active == 0:
-                    self._busy += time.monotonic() - self._since
+                    self._busy += self.clock() - self._since
 
     def busy_seconds(self) -> float:
         """Seconds spent computing since start, the section running now included."""
         with self._lock:
-            return self._busy + (time.monotonic() - self._since if self._active else 0.0)
+            return self._busy + (self.clock() - self._since if self._active else 0.0)
 
     def telemetry(self) -> worker_pb2.DeviceTelemetry | None:
         """The latest sample as the proto ``Info`` returns (None before the first, or without a sampler)."""
@@ -223,13 +224,13 @@ class TelemetrySampler:
             nvml = FakeNvml.from_config(self.config.fake_nvml)
         self.gpu = NvmlDevice.open(self.device, nvml) if (nvml is not None or device.startswith("cuda")) else None
         self.latest: DeviceSample | None = None
-        self._last = (time.monotonic(), meter.busy_seconds())
+        self._last = (meter.clock(), meter.busy_seconds())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sample(self) -> DeviceSample:
         """Take one sample now (the window runs from the previous one)."""
-        now, busy = time.monotonic(), self.meter.busy_seconds()
+        now, busy = self.meter.clock(), self.meter.busy_seconds()
         t0, b0 = self._last
         self._last = (now, busy)
         window = max(now - t0, 1e-9)

@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import skip_for_environment
+
 REPO = Path(__file__).resolve().parents[2]
 SERVER = "127.0.0.1:50051"
 METRICS_PORT = 9400
@@ -125,7 +127,7 @@ def _rounded(x):
 def test_autoscaling_cluster_grows_and_shrinks_the_pools(tiny_paths):
     reason = _skip_reason()
     if reason:
-        pytest.skip(reason)
+        skip_for_environment(reason)
     from transformers import AutoTokenizer
 
     from tests.conftest import greedy_ids

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import SMOLLM
+from tests.conftest import SMOLLM, skip_for_environment
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = "127.0.0.1:50051"
@@ -145,7 +145,7 @@ def _tail(path: Path, n: int = 3000) -> str:
 def test_ray_up_local_cluster_serves_the_engine_output(smollm_path):
     reason = _skip_reason()
     if reason:
-        pytest.skip(reason)
+        skip_for_environment(reason)
     from specdec.core import packs
 
     venv = Path(sys.prefix)

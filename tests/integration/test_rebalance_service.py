@@ -318,6 +318,7 @@ def _router(cluster, tiny_paths, drafts=None, **rebalance):
     return RouterThread(bindings, config).start(connect_timeout=300)
 
 
+@pytest.mark.slow  # driven by delays against the machine's own speed: opt-in (pyproject.toml, markers)
 def test_speculation_switched_off_by_slow_drafts_comes_back_on_after_a_catch_up(
     cluster, engine, tiny_paths, actor_reaper
 ):
@@ -325,7 +326,8 @@ def test_speculation_switched_off_by_slow_drafts_comes_back_on_after_a_catch_up(
     off (and later ones start off). Drafters fast again: the old price ages into a guess, one
     request probes, the drafters are measured fast, and requests speculate again, each first
     catching its drafter up with a Prefill in the background (specdec_draft_catch_up_total)
-    instead of holding a round. Outputs equal the engine's throughout."""
+    instead of holding a round. Outputs equal the engine's throughout. The switch's rule in the
+    router's own code under a virtual clock, run by default: tests/unit/test_planning_sim.py."""
     import ray
 
     from draft_worker.actor import spawn_draft_worker

@@ -13,6 +13,7 @@ from specdec.bench.config_names import FAMILIES
 from specdec.bench.stats import percentile
 from specdec.cli.bench import FAMILIES as CLI_FAMILIES
 from specdec.core.prompts import PromptSetError, load_humaneval, load_prompts
+from tests.conftest import skip_for_environment
 
 PROMPTS = [
     {"prompt": "def add(a, b):\n    return", "chat": False},
@@ -215,7 +216,7 @@ def smollm_tokenizer_or_skip():
     from specdec.core import packs
 
     if not packs.is_ready("smollm2-135m-instruct"):
-        pytest.skip("the smollm2-135m-instruct pack is not prepared (make test prepares it)")
+        skip_for_environment("the smollm2-135m-instruct pack is not prepared (make test prepares it)")
     return AutoTokenizer.from_pretrained(packs.pack_dir("smollm2-135m-instruct"))
 
 

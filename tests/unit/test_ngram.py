@@ -81,6 +81,7 @@ def test_matches_naive_reference(seq: list[int], k: int, max_n: int, data: st.Da
     assert len(d.tokens) in (0, k)
 
 
+@pytest.mark.slow  # a timing bound: opt-in (pyproject.toml, markers)
 def test_fast_on_long_sequences() -> None:
     rng = random.Random(0)
     seqs = [[rng.randrange(32_000) for _ in range(4000)] for _ in range(32)]  # mostly no long match

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from specdec.rpc import telemetry
 from specdec.rpc.fake_nvml import FakeNvml
 from specdec.rpc.nvml import NvmlDevice, physical_index
 from specdec.rpc.placement import device_placement
@@ -93,29 +94,50 @@ def test_no_nvml_is_the_normal_cpu_case(caplog):
     assert cpu.gpu is None and cpu.sample().source == "process"
 
 
-def test_busy_fraction_rss_threads_and_the_bench_delay_knob():
-    meter = WorkerMeter()
+class ManualClock:
+    """A clock the test moves: busy fractions come out exact."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_busy_fraction_rss_threads_and_the_bench_delay_knob(monkeypatch):
+    clock = ManualClock()
+    meter = WorkerMeter(clock=clock)
     s = TelemetrySampler("cpu", meter, TelemetryConfig(period_s=10))
     s.sample()
-    t0 = time.monotonic()
     with meter.compute():
-        time.sleep(0.2)
-    time.sleep(0.2)
+        clock.t += 0.2
+        assert meter.busy_seconds() == pytest.approx(0.2)  # the running section counts
+    clock.t += 0.6
     rec = s.sample()
-    assert 0.25 <= rec.busy <= 0.75, rec  # about half the window was spent computing
+    assert rec.window_s == pytest.approx(0.8) and rec.busy == pytest.approx(0.25), rec
     assert rec.rss_bytes > 10 << 20 and rec.threads >= 1
-    # nested sections count once
-    with meter.compute(), meter.compute():
-        time.sleep(0.05)
-    assert meter.busy_seconds() < time.monotonic() - t0
+    # nested and overlapping sections count once
+    with meter.compute():
+        clock.t += 0.1
+        with meter.compute():
+            clock.t += 0.1
+        clock.t += 0.1
+    assert meter.busy_seconds() == pytest.approx(0.5)
+    clock.t += 0.7
+    assert s.sample().busy == pytest.approx(0.3)
     # TEST/BENCHMARK KNOB: each step sleeps bench_step_delay_s inside the section (counted as busy)
-    meter.bench_step_delay_s = 0.05
-    b0, t1 = meter.busy_seconds(), time.monotonic()
-    with meter.compute(steps=3):
+    real = WorkerMeter(bench_step_delay_s=0.05)
+    t1 = time.monotonic()
+    with real.compute(steps=3):
         pass
-    assert time.monotonic() - t1 >= 0.15 and meter.busy_seconds() - b0 >= 0.15
-    with meter.compute(steps=0):  # a draft prefill: no steps, no delay
+    assert time.monotonic() - t1 >= 0.15 and real.busy_seconds() >= 0.15  # sleep never returns early
+    slept: list[float] = []
+    monkeypatch.setattr(telemetry.time, "sleep", slept.append)
+    with real.compute(steps=2):
         pass
+    with real.compute(steps=0):  # a draft prefill: no steps, no delay
+        pass
+    assert slept == [pytest.approx(0.1)]
 
 
 def test_sampler_thread_keeps_the_latest_and_info_carries_it():
