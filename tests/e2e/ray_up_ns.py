@@ -50,17 +50,23 @@ def sh(*cmd: str) -> None:
 def private_mounts(spec: dict, home: Path) -> None:
     """Nothing the cluster writes reaches the machine outside the namespace's mounts.
 
-    /tmp becomes a tmpfs (Ray's state files, config cache and SSH control sockets live there),
-    with the work dir re-bound at its own path and Ray's temp dir bound to <work>/ray-tmp so the
-    session logs outlive the namespace. root's home, for sshd and for `ray up`, is <work>/home (a
-    private copy of /etc/passwd says so; /root itself stays, the venv's python lives there), and the
-    pack cache is bound read-only at ~/.cache/specdec.
+    /tmp becomes a tmpfs (Ray's state files, config cache and SSH control sockets live there); the
+    paths the run needs that lay under the old /tmp (the work dir, and the checkout, its venv or the
+    pack cache when they live there) are bound back at their own paths, and Ray's temp dir is bound
+    to <work>/ray-tmp so the session logs outlive the namespace. root's home, for sshd and for `ray
+    up`, is <work>/home (a private copy of /etc/passwd says so; /root itself stays, the venv's python
+    lives there), and the pack cache is bound read-only at ~/.cache/specdec.
     """
     work = Path(spec["work"])
-    sh("mount", "--bind", str(work), "/mnt")
+    old_tmp = Path("/mnt")
+    sh("mount", "--bind", "/tmp", str(old_tmp))
     sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp")
-    work.mkdir(parents=True, exist_ok=True)  # gone with the old /tmp if it lay there
-    sh("mount", "--bind", "/mnt", str(work))
+    kept: list[Path] = []
+    for path in sorted({Path(os.path.realpath(spec[k])) for k in ("work", "repo", "venv", "cache")}):
+        if path.is_relative_to("/tmp") and not any(path.is_relative_to(k) for k in kept):  # parents first
+            kept.append(path)
+            path.mkdir(parents=True, exist_ok=True)
+            sh("mount", "--bind", str(old_tmp / path.relative_to("/tmp")), str(path))
     (work / "ray-tmp").mkdir(exist_ok=True)
     Path("/tmp/ray").mkdir()
     sh("mount", "--bind", str(work / "ray-tmp"), "/tmp/ray")
