@@ -157,6 +157,9 @@ class RouterConfig:
     keepalive_time_s / keepalive_timeout_s: the public server pings each connection this often
       and drops it when a ping goes unanswered this long (a frozen or vanished client): its calls
       are cancelled and their KV slots freed (specdec.rpc.grpc_options).
+    stream_write_timeout_s: a stream chunk the client does not take within this long (it stopped
+      reading: gRPC's flow-control window stays full) ends the call as CANCELLED and frees its KV
+      slots, whatever keepalive does (docs/design.md, "API").
     max_connection_idle_s: a connection without a call this long is closed (None: never).
     max_connection_age_s / max_connection_age_grace_s: every connection is told to go away after
       this long, and its running calls are cut after the grace (None: never): the bound on a call
@@ -197,6 +200,7 @@ class RouterConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
+    stream_write_timeout_s: float = 30.0
     max_connection_idle_s: float | None = 600.0
     max_connection_age_s: float | None = 3600.0
     max_connection_age_grace_s: float | None = 600.0
@@ -237,7 +241,7 @@ class RouterConfig:
                 raise ValueError(f"router.{key} must be > 0")
         if not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
             raise ValueError(f"router.max_message_bytes must be an integer >= 1024 (got {self.max_message_bytes!r})")
-        for key in ("keepalive_time_s", "keepalive_timeout_s"):
+        for key in ("keepalive_time_s", "keepalive_timeout_s", "stream_write_timeout_s"):
             if float(getattr(self, key)) <= 0:
                 raise ValueError(f"router.{key} must be > 0")
         for key in ("max_connection_idle_s", "max_connection_age_s", "max_connection_age_grace_s"):

@@ -11,6 +11,7 @@ releases its KV slots on both workers. Every call ends with one access-log line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import uuid
@@ -222,9 +223,11 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
             speculation=stats_proto(job),
         )
 
-    async def GenerateStream(self, request: generate_pb2.GenerateRequest, context):
+    async def GenerateStream(self, request: generate_pb2.GenerateRequest, context) -> None:
         call = _Call(AccessRecord("GenerateStream", context.peer()))
-        # aclosing: a client that goes away closes this generator at its `yield`; the chunks'
+        bound = self.router.config.stream_write_timeout_s
+        stopped_reading = False
+        # aclosing: a client that goes away, or stops reading, closes this generator; the chunks'
         # cleanup (cancel the job, status CANCELLED) must run before the access line is written.
         try:
             async with aclosing(self._chunks(request, context, call)) as chunks:
@@ -236,9 +239,21 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                         msg.finish_reason = chunk.finish_reason
                         msg.usage.CopyFrom(usage_proto(job))
                         msg.speculation.CopyFrom(stats_proto(job))
-                    yield msg
+                    try:
+                        # A write waits while the client's flow-control window is full: a client
+                        # that stopped reading holds its slots only this long (docs/design.md, "API").
+                        await asyncio.wait_for(context.write(msg), bound)
+                    except TimeoutError:
+                        stopped_reading, call.rec.status = True, "CANCELLED"
+                        break
         finally:
             call.rec.emit()
+        if stopped_reading:  # the job was cancelled, and counted, as the chunks closed
+            await context.abort(
+                grpc.StatusCode.CANCELLED,
+                f"the client took no part of a stream chunk for {bound:g} s (router.stream_write_timeout_s): "
+                "the call was ended and its KV slots freed",
+            )
 
     async def ListModels(self, request, context) -> generate_pb2.ListModelsResponse:
         return self.router.list_models()
