@@ -4,8 +4,8 @@
 target and draft worker actors placed by the config's resources, waits for their gRPC servers,
 and starts the router (public gRPC API + /metrics) on a background thread with the actors'
 handles. :func:`serve` does that and blocks until SIGINT / SIGTERM, then shuts down cleanly:
-health flips to NOT_SERVING, running requests get ``router.grace_s`` to finish (the rest end as
-"cancelled"), the actors are killed and an embedded Ray is shut down (``ray stop`` is never run).
+health flips to NOT_SERVING, running requests get ``router.grace_s`` to finish (the rest end
+UNAVAILABLE), the actors are killed and an embedded Ray is shut down (``ray stop`` is never run).
 
 This is the one place that imports the router and both worker packages together.
 """
@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ from specdec.rpc.worker_host import end_worker_actors
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Deployment", "launch", "serve", "start_ray", "check_models"]
+__all__ = ["Deployment", "StopRequested", "launch", "serve", "start_ray", "check_models"]
 
 
 @dataclass
@@ -138,23 +139,46 @@ def _known_nodes(cfg: ServeConfig) -> list[dict[str, float]] | None:
     return None
 
 
-def _wait_ready(handles: list, role: str, timeout: float) -> list[str]:
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
+class StopRequested(Exception):
+    """A stop (SIGINT / SIGTERM) came while the service was starting: :func:`launch` stopped what it
+    had started."""
 
+
+def _wait_ready(handles: list, role: str, timeout: float, stop: threading.Event | None = None) -> list[str]:
+    """The workers' gRPC addresses once they all serve. Waits in short slices and gives up when
+    ``stop`` is set (SIGTERM while a worker waits for resources), not only after ``timeout``."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    log.info("waiting for %d %s worker(s) to start", len(handles), role)
+    refs = [h.address.remote() for h in handles]
+    t_end = time.monotonic() + timeout
+    pending = refs
+    while pending:
+        if stop is not None and stop.is_set():
+            raise StopRequested(f"stopped while waiting for the {role} workers")
+        if time.monotonic() > t_end:
+            raise RuntimeError(
+                f"{role} workers did not start within {timeout:.0f} s (not enough "
+                f"resources for their placement? see `ray status`)"
+            )
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
     try:
-        return ray.get([h.address.remote() for h in handles], timeout=timeout)
-    except GetTimeoutError:
-        raise RuntimeError(
-            f"{role} workers did not start within {timeout:.0f} s (not enough "
-            f"resources for their placement? see `ray status`)"
-        ) from None
+        return ray.get(refs)
     except RayActorError as exc:
         raise RuntimeError(f"a {role} worker failed to start: {exc}") from None
 
 
-def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
-    """Start everything; returns once the router serves. The caller stops it (``Deployment.stop``)."""
+def launch(
+    cfg: ServeConfig,
+    *,
+    connect_timeout: float = 900.0,
+    stop: threading.Event | None = None,
+    ray_started: Callable[[], None] | None = None,
+) -> Deployment:
+    """Start everything; returns once the router serves. The caller stops it (``Deployment.stop``).
+    ``stop``: once set, waiting for workers ends in :class:`StopRequested` (everything started is
+    stopped). ``ray_started``: called once Ray is up (``ray.init`` installs its own SIGTERM handler)."""
     from router.server import RouterThread, TargetBinding
     from router.workers import ActorEndpoint
     from specdec.rpc.worker_secret import ensure_secret
@@ -164,18 +188,20 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
     check_tensor_parallel(cfg, nodes)  # bad values fail here, before Ray or any worker starts
     cfg.security.check_files()
     ensure_secret(cfg.security.worker_secret_file)  # before Ray starts: its processes inherit it
-    started = start_ray(cfg)
-    dep = Deployment(config=cfg, router=None, started_ray=started)
+    dep = Deployment(config=cfg, router=None)
     try:
+        dep.started_ray = start_ray(cfg)
+        if ray_started is not None:
+            ray_started()
         if nodes is None:  # joined a cluster: now its nodes are known
             check_tensor_parallel(cfg, _known_nodes(cfg))
         t0 = time.monotonic()
         dep.targets = _spawn(cfg.target, "target")
         dep.drafts = _spawn(cfg.draft, "draft") if cfg.draft else []
-        addrs = _wait_ready(dep.targets, "target", connect_timeout)
+        addrs = _wait_ready(dep.targets, "target", connect_timeout, stop)
         log.info("target workers ready at %s", ", ".join(addrs))
         if dep.drafts:
-            addrs = _wait_ready(dep.drafts, "draft", connect_timeout)
+            addrs = _wait_ready(dep.drafts, "draft", connect_timeout, stop)
             log.info("draft workers ready at %s", ", ".join(addrs))
         log.info("workers loaded in %.1f s", time.monotonic() - t0)
         bindings = []
@@ -206,19 +232,27 @@ def launch(cfg: ServeConfig, *, connect_timeout: float = 900.0) -> Deployment:
 
 
 def serve(cfg: ServeConfig, *, ready: Any = None) -> int:
-    """:func:`launch`, then block until SIGINT / SIGTERM and shut down cleanly. Returns 0."""
+    """:func:`launch`, then block until SIGINT / SIGTERM and shut down cleanly. Returns 0, also
+    when the signal comes while the service starts (waiting for workers, say)."""
     stop = threading.Event()
 
     def _on_signal(signum, _frame):
         log.info("received %s: shutting down", signal.Signals(signum).name)
         stop.set()
 
+    def _install() -> None:
+        for s in previous:
+            signal.signal(s, _on_signal)
+
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     dep = None
     try:
-        dep = launch(cfg)
-        for s in previous:  # Ray may have installed its own handlers while starting
-            signal.signal(s, _on_signal)
+        try:
+            dep = launch(cfg, stop=stop, ray_started=_install)
+        except StopRequested as exc:
+            log.info("%s", exc)
+            return 0
+        _install()  # Ray may have installed its own handlers while the workers started
         metrics = dep.metrics_port
         msg = f"specdec serving specdec.v1.Generation on {dep.address}" + (
             f", metrics on http://{cfg.router.metrics_host}:{metrics}/metrics" if metrics else ""

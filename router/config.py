@@ -142,7 +142,7 @@ class RouterConfig:
     rpc_timeout_s: timeout of one Verify / Prefill / Tokenize call to a worker.
     recovery_timeout_s: how long requests wait for a restarted target before UNAVAILABLE.
     ngram_max / ngram_min: window of the router's local n-gram drafter.
-    grace_s: on shutdown, time given to running requests before they end as "cancelled".
+    grace_s: on shutdown, time given to running requests before they end UNAVAILABLE.
     rebalance: :class:`RebalanceConfig` fields: ``enabled: false`` = static pairing; the period.
     drafter_choice: :class:`router.drafter_choice.DrafterChoiceConfig` fields: the shared drafter pool.
     draft_depth: :class:`router.draft_depth.DraftDepthConfig` fields: depth by device load.

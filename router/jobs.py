@@ -61,7 +61,7 @@ class Job:
     t_last: float | None = None
     emitted: int = 0  # characters of text sent
     in_flight: bool = False
-    cancelled: str | None = None  # "cancelled" | "deadline" while a round is in flight
+    cancelled: str | None = None  # "cancelled" | "deadline" | "shutdown" while a round is in flight
     done: bool = False
     outcome: str | None = None
     predraft: PreDraft | None = None

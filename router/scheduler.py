@@ -143,8 +143,20 @@ class TargetScheduler:
         task.add_done_callback(self._bg.discard)
         return task
 
+    def _shut_out(self, job: Job) -> None:
+        """End a job the server cannot finish before it stops: UNAVAILABLE, retry elsewhere."""
+        self._fail(
+            job,
+            RpcStatusError(
+                grpc.StatusCode.UNAVAILABLE,
+                "the server shut down before this request finished (router.grace_s); retry it",
+                retry_after=1.0,
+            ),
+            outcome="unavailable",
+        )
+
     async def close(self, grace: float) -> None:
-        """Stop admitting; give running jobs ``grace`` seconds, then end them as "cancelled"."""
+        """Stop admitting; give running jobs ``grace`` seconds, then end them UNAVAILABLE."""
         self._closing = True
         t_end = clock.now() + grace
         while (self.running or self.waiting) and clock.now() < t_end:
@@ -152,13 +164,13 @@ class TargetScheduler:
         while self.waiting:
             job = self.waiting.popleft()
             self.metrics.queue_depth.dec()
-            self._finish(job, "cancelled")
+            self._shut_out(job)
         for job in list(self.running):
             if not job.done:
                 if job.in_flight:
                     job.cancelled = "shutdown"
                 else:
-                    self._finish(job, "cancelled")
+                    self._shut_out(job)
         t_end = clock.now() + 5.0
         while any(j.in_flight for j in self.running) and clock.now() < t_end:
             await asyncio.sleep(0.02)
@@ -284,7 +296,7 @@ class TargetScheduler:
                     job.in_flight = False
                     if job.cancelled and not job.done:
                         if job.cancelled == "shutdown":
-                            self._finish(job, "cancelled")
+                            self._shut_out(job)
                         else:
                             self._finish(
                                 job, None, outcome="deadline_exceeded" if job.cancelled == "deadline" else "cancelled"

@@ -13,45 +13,29 @@ token; SIGTERM ends it cleanly (exit code 0).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import SMOLLM
+from tests.e2e.serve_process import REPO, SPECDEC, cli_env, free_port, serve_process, wait_serving
 from tests.grpc_helpers import run_grpcurl
 
-REPO = Path(__file__).resolve().parents[2]
-SPECDEC = [sys.executable, "-m", "specdec.cli"]
 PROMPT = "def fibonacci(n):"
 GENERATION = "specdec.v1.Generation"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 @pytest.fixture(scope="module")
 def served(smollm_path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     worker = {"model": SMOLLM, "dtype": "float32", "num_slots": 4, "max_len": 1024, "threads": 1}
     config = {
         "ray": {"num_cpus": 2},
@@ -59,54 +43,10 @@ def served(smollm_path, tmp_path_factory):
         "draft": dict(worker),  # SmolLM2 drafting for itself: a smoke configuration
         "router": {"port": port, "metrics_port": metrics_port, "k_policy": {"k": 3, "adaptive": False}},
     }
-    path = tmp / "serve.yaml"
-    path.write_text(yaml.safe_dump(config))
-    log = open(tmp / "serve.log", "w+")
-    env = _env()
-    for name in ("SPECDEC_WORKER_SECRET", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
-        env.pop(name, None)  # as in a user's shell: `specdec serve` makes its own secret and Ray token
-    proc = subprocess.Popen(
-        [*SPECDEC, "serve", "--config", str(path), "--log-format", "json"],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     address = f"127.0.0.1:{port}"
-    try:
-        _wait_serving(proc, address, log, timeout=240)
+    with serve_process(config, tmp) as (proc, log):
+        wait_serving(proc, address, log, timeout=240)
         yield dict(proc=proc, address=address, metrics_port=metrics_port, log=log, log_path=tmp / "serve.log")
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
-        log.close()
-
-
-def _wait_serving(proc, address: str, log, timeout: float) -> None:
-    t_end = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"specdec serve exited with {proc.returncode}:\n{log.read()[-4000:]}")
-            try:
-                if (
-                    stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status
-                    == health_pb2.HealthCheckResponse.SERVING
-                ):
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > t_end:
-                log.seek(0)
-                pytest.fail(f"specdec serve not serving after {timeout:.0f} s:\n{log.read()[-4000:]}")
-            time.sleep(0.5)
 
 
 def test_grpcurl_lists_services_calls_generate_and_health(served):
@@ -185,7 +125,7 @@ def test_generate_server_json_matches_local(served):
     remote = subprocess.run(
         [*SPECDEC, "generate", *flags, "--server", served["address"]],
         cwd=REPO,
-        env=_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -194,7 +134,7 @@ def test_generate_server_json_matches_local(served):
     local = subprocess.run(
         [*SPECDEC, "generate", *flags, "--draft", "none", "--dtype", "float32"],
         cwd=REPO,
-        env=_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -209,7 +149,7 @@ def test_generate_server_json_matches_local(served):
     bad = subprocess.run(
         [*SPECDEC, "generate", *flags, "--top-p", "0", "--server", served["address"]],
         cwd=REPO,
-        env=_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -300,7 +240,7 @@ def test_only_loopback_sockets_and_internal_calls_need_secrets(served):
     # Ray's own token auth: a client with the wrong token is refused by the GCS (the variable keeps
     # Ray from swapping 127.0.0.1 for this machine's address, where nothing listens)
     gcs = next(f"127.0.0.1:{port}" for name, _, port in sockets if "gcs_server" in name)
-    env = dict(_env(), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="f" * 64, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env = dict(cli_env(), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="f" * 64, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     status = subprocess.run(
         [sys.executable, "-m", "ray.scripts.scripts", "status", "--address", gcs],
         env=env,
