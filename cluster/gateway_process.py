@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 __all__ = ["GatewayProcess", "gateway_command", "start_gateway", "dial_address", "ROUTER_CA_ENV"]
 
 ROUTER_CA_ENV = "SPECDEC_GATEWAY_ROUTER_CA"
+_NOT_FOR_THE_GATEWAY = ("SPECDEC_WORKER_SECRET", "RAY_AUTH_TOKEN")
 
 
 def _dial_host(host: str) -> str:
@@ -84,7 +85,9 @@ def start_gateway(
     """Start ``python -m gateway`` and return once it accepts connections (RuntimeError if it exits
     first, or does not listen within ``timeout``). ``popen``: extra ``subprocess.Popen`` arguments."""
     cmd = gateway_command(router, host, port, security)
-    proc = subprocess.Popen(cmd, **popen)
+    # The gateway holds no secret but its TLS key: not the worker secret, not Ray's token.
+    env = {k: v for k, v in (popen.pop("env", None) or os.environ).items() if k not in _NOT_FOR_THE_GATEWAY}
+    proc = subprocess.Popen(cmd, env=env, **popen)
     gw = GatewayProcess(proc, host, port)
     t_end = time.monotonic() + timeout
     # listening, and still ours: a port taken by another process makes the gateway exit
