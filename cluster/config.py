@@ -207,6 +207,7 @@ def load_config(
     dtype: str | None = None,
     port: int | None = None,
     metrics_port: int | None = None,
+    http_port: int | None = None,
     address: str | None = None,
     tensor_parallel: int | None = None,
     security: dict[str, Any] | None = None,
@@ -248,6 +249,8 @@ def load_config(
         raw["router"]["port"] = port
     if metrics_port is not None:
         raw["router"]["metrics_port"] = None if metrics_port < 0 else metrics_port
+    if http_port is not None:
+        raw["router"]["http_port"] = http_port
     if address is not None:
         raw["ray"]["address"] = None if address in ("", "local", "embedded") else address
     if security:

@@ -41,6 +41,7 @@ class Deployment:
     drafts: list = field(default_factory=list)
     started_ray: bool = False
     actuator: Any = None  # cluster.pool_actuator.RayPoolActuator when router.scaling is on
+    gateway: Any = None  # cluster.gateway_process.GatewayProcess when router.http_port is set
 
     @property
     def address(self) -> str:
@@ -53,6 +54,8 @@ class Deployment:
     def stop(self, grace: float | None = None) -> None:
         import ray
 
+        if self.gateway is not None:  # first: no new HTTP requests while the router drains
+            self.gateway.stop()
         if self.router is not None:
             self.router.stop(grace)
         if self.actuator is not None:
@@ -176,9 +179,10 @@ def launch(
     stop: threading.Event | None = None,
     ray_started: Callable[[], None] | None = None,
 ) -> Deployment:
-    """Start everything; returns once the router serves. The caller stops it (``Deployment.stop``).
-    ``stop``: once set, waiting for workers ends in :class:`StopRequested` (everything started is
-    stopped). ``ray_started``: called once Ray is up (``ray.init`` installs its own SIGTERM handler)."""
+    """Start everything; returns once the router (and the HTTP gateway, when ``router.http_port`` is
+    set) serves. The caller stops it (``Deployment.stop``). ``stop``: once set, waiting for workers
+    ends in :class:`StopRequested` (everything started is stopped). ``ray_started``: called once Ray
+    is up (``ray.init`` installs its own SIGTERM handler)."""
     from router.server import RouterThread, TargetBinding
     from router.workers import ActorEndpoint
     from specdec.rpc.worker_secret import ensure_secret
@@ -225,6 +229,11 @@ def launch(
         dep.router = RouterThread(bindings, cfg.router, actuator=dep.actuator, security=cfg.security).start(
             connect_timeout
         )
+        if cfg.router.http_port:
+            from cluster.gateway_process import dial_address, start_gateway
+
+            router = dial_address(cfg.router.host, dep.router.router.port)
+            dep.gateway = start_gateway(router, cfg.router.host, cfg.router.http_port, cfg.security)
     except BaseException:
         dep.stop(grace=0)
         raise
@@ -257,6 +266,8 @@ def serve(cfg: ServeConfig, *, ready: Any = None) -> int:
         msg = f"specdec serving specdec.v1.Generation on {dep.address}" + (
             f", metrics on http://{cfg.router.metrics_host}:{metrics}/metrics" if metrics else ""
         )
+        if dep.gateway is not None:
+            msg += f", the OpenAI-compatible API on http://{cfg.router.host}:{cfg.router.http_port}/v1"
         log.info(msg)
         if ready is not None:
             ready(dep)

@@ -112,6 +112,9 @@ class RouterConfig:
     host / port: the public gRPC ``specdec.v1.Generation`` endpoint (port 0 = any free port).
     metrics_host / metrics_port: Prometheus ``/metrics`` over HTTP (port 0 = any free port,
       None = no HTTP endpoint; the registry is still there).
+    http_port: the OpenAI-compatible HTTP API on ``host`` (0 or None = off). Served by its own
+      process (``gateway/``), which ``specdec serve`` starts beside the router; the router itself
+      never serves HTTP but /metrics.
     max_queue: requests waiting for a batch slot, per target worker; beyond it RESOURCE_EXHAUSTED.
     max_batch: requests decoded together per target worker (0 = the target's KV slots).
     default_max_tokens: used when a request leaves max_tokens at 0 (capped by the context).
@@ -170,6 +173,7 @@ class RouterConfig:
     port: int = 50051
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9400
+    http_port: int | None = 8000
     max_queue: int = 64
     max_batch: int = 0
     default_max_tokens: int = 256

@@ -469,5 +469,7 @@ class TargetScheduler:
         self.metrics.requests.labels(outcome).inc()
         job.events.put_nowait(exc)
 
-    async def tokenize(self, text: str, chat: bool, timeout: float) -> list[int]:
-        return await self.link.tokenize(text, chat, timeout)
+    async def tokenize(
+        self, text: str, chat: bool, timeout: float, messages: list[tuple[str, str]] | None = None
+    ) -> list[int]:
+        return await self.link.tokenize(text, chat, timeout, messages)

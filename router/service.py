@@ -101,7 +101,8 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
     async def _prompt_ids(self, sched: TargetScheduler, prompt: PromptInput, timeout: float | None) -> list[int]:
         if prompt.prompt_ids is not None:
             return prompt.prompt_ids
-        return await sched.tokenize(prompt.prompt, prompt.chat, timeout=math.inf if timeout is None else timeout)
+        limit = math.inf if timeout is None else timeout
+        return await sched.tokenize(prompt.prompt or "", prompt.chat, timeout=limit, messages=prompt.messages)
 
     async def _submit(self, request: generate_pb2.GenerateRequest, context, call: _Call) -> Job:
         rec = call.rec
@@ -112,7 +113,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         sched.check_room()  # a full queue refuses before the prompt is tokenized
         remaining = context.time_remaining()
         deadline = rec.t_start + remaining if remaining is not None else None
-        prompt = PromptInput(parsed.prompt, parsed.prompt_ids, parsed.chat)
+        prompt = PromptInput(parsed.prompt, parsed.prompt_ids, parsed.chat, parsed.messages)
         prompt_ids = await self._prompt_ids(sched, prompt, remaining)
         rec.prompt_tokens = len(prompt_ids)
         params, mode = finalize(

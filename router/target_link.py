@@ -16,7 +16,7 @@ from router.config import RouterConfig
 from router.jobs import Job
 from router.workers import WorkerClient, WorkerUnavailable
 from specdec.core.round_types import Draft
-from specdec.rpc import worker_pb2
+from specdec.rpc import generate_pb2, worker_pb2
 from specdec.rpc.convert import add_verify_item
 from specdec.rpc.errors import RpcStatusError
 
@@ -92,14 +92,16 @@ class TargetLink:
                 out.append(RpcStatusError(exc.code(), exc.details() or "verification failed"))
         return out, None
 
-    async def tokenize(self, text: str, chat: bool, timeout: float) -> list[int]:
+    async def tokenize(
+        self, text: str, chat: bool, timeout: float, messages: list[tuple[str, str]] | None = None
+    ) -> list[int]:
         t_end = clock.now() + min(timeout, self.cfg.recovery_timeout_s)
         while True:
             try:
                 await self.target.wait_up(max(0.1, t_end - clock.now()))
-                resp = await self.target.call(
-                    "Tokenize", worker_pb2.TokenizeTextRequest(text=text, chat=chat), timeout=self.cfg.rpc_timeout_s
-                )
+                turns = [generate_pb2.ChatMessage(role=r, content=c) for r, c in messages or ()]
+                request = worker_pb2.TokenizeTextRequest(text=text, chat=chat, messages=turns)
+                resp = await self.target.call("Tokenize", request, timeout=self.cfg.rpc_timeout_s)
                 return list(resp.token_ids)
             except WorkerUnavailable:
                 if clock.now() >= t_end:

@@ -23,6 +23,8 @@ __all__ = [
     "MAX_STOP_STRINGS",
     "MAX_STOP_BYTES",
     "MAX_STOP_TOKEN_IDS",
+    "MAX_MESSAGES",
+    "CHAT_ROLES",
     "PROMPT_BYTES_PER_TOKEN",
     "Limits",
     "PromptInput",
@@ -37,6 +39,8 @@ MAX_REQUEST_ID_BYTES = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_BYTES = 256
 MAX_STOP_TOKEN_IDS = 64
+MAX_MESSAGES = 256
+CHAT_ROLES = ("system", "user", "assistant")
 # Default prompt byte limit per token of context: far above what text takes per token (a few
 # bytes), so no prompt that fits the context is refused, while a prompt that cannot fit is
 # refused before it is tokenized.
@@ -61,6 +65,7 @@ class PromptInput:
     prompt: str | None
     prompt_ids: list[int] | None
     chat: bool
+    messages: list[tuple[str, str]] | None = None  # (role, content), rendered by the chat template
 
 
 def _utf8_len_over(text: str, limit: int) -> int | None:
@@ -89,18 +94,45 @@ def check_request_id(request_id: str) -> None:
             )
 
 
+def _parse_messages(req, limits: Limits) -> list[tuple[str, str]]:
+    """The conversation's (role, content) pairs; its contents together within the prompt byte limit."""
+    if len(req.messages) > MAX_MESSAGES:
+        raise InvalidParams("messages", f"at most {MAX_MESSAGES} messages (got {len(req.messages)})")
+    out: list[tuple[str, str]] = []
+    remaining = limits.max_prompt_bytes
+    for i, m in enumerate(req.messages):
+        role, content = m.role, m.content
+        if role not in CHAT_ROLES:
+            shown = role if len(role) <= 32 else role[:29] + "..."
+            raise InvalidParams(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)} (got {shown!r})")
+        # a character is at least one byte: a content longer than what is left is over without encoding it
+        remaining -= len(content) if len(content) > remaining else len(content.encode("utf-8", "surrogatepass"))
+        if remaining < 0:
+            raise InvalidParams(
+                f"messages[{i}].content",
+                f"the messages have more than {limits.max_prompt_bytes} bytes, the most this server takes "
+                f"(the model's context is {limits.max_context} tokens)",
+            )
+        out.append((role, content))
+    return out
+
+
 def parse_prompt(req: generate_pb2.GenerateRequest | generate_pb2.TokenizeRequest, limits: Limits) -> PromptInput:
     """The prompt fields (shared by Generate and Tokenize), checked against the bounds."""
     text = req.prompt  # each access of a string field makes a new str: once, it may be megabytes
-    has_text, has_ids = bool(text), len(req.prompt_token_ids) > 0
+    has_text, has_ids, has_messages = bool(text), len(req.prompt_token_ids) > 0, len(req.messages) > 0
     if has_text and has_ids:
         raise InvalidParams("prompt", "give exactly one of prompt and prompt_token_ids, not both")
-    if not has_text and not has_ids:
-        raise InvalidParams("prompt", "the prompt is empty: give a non-empty prompt or prompt_token_ids")
+    if has_messages and (has_text or has_ids):
+        raise InvalidParams("messages", "give exactly one of prompt, prompt_token_ids and messages")
+    if not has_text and not has_ids and not has_messages:
+        raise InvalidParams("prompt", "the prompt is empty: give a non-empty prompt, prompt_token_ids or messages")
     if req.chat and has_ids:
         raise InvalidParams(
             "chat", "chat applies the template to `prompt` text; it cannot be used with prompt_token_ids"
         )
+    if has_messages:
+        return PromptInput(prompt=None, prompt_ids=None, chat=True, messages=_parse_messages(req, limits))
     if has_text and (n := _utf8_len_over(text, limits.max_prompt_bytes)) is not None:
         raise InvalidParams(
             "prompt",
@@ -140,6 +172,7 @@ class ParsedRequest:
     prompt: str | None
     prompt_ids: list[int] | None
     chat: bool
+    messages: list[tuple[str, str]] | None  # (role, content): a conversation for the chat template
     max_tokens: int  # 0 = the server's default
     temperature: float
     top_p: float
@@ -184,6 +217,7 @@ def parse(req: generate_pb2.GenerateRequest, limits: Limits) -> ParsedRequest:
         prompt=prompt.prompt,
         prompt_ids=prompt.prompt_ids,
         chat=prompt.chat,
+        messages=prompt.messages,
         max_tokens=int(req.max_tokens),
         temperature=temperature,
         top_p=top_p,
@@ -205,7 +239,7 @@ def finalize(
 
     An explicit max_tokens beyond the room left in the context is refused, never lowered (the
     proto's GenerateRequest.max_tokens); 0 takes the default, lowered to that room."""
-    field = "prompt" if p.prompt is not None else "prompt_token_ids"
+    field = "prompt" if p.prompt is not None else "messages" if p.messages is not None else "prompt_token_ids"
     if not prompt_ids:
         raise InvalidParams(field, "the prompt is empty after tokenization")
     if len(prompt_ids) >= max_context:  # before the per-id check: it is cheaper

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import grpc
 
 from specdec.core.params import InvalidParams
-from specdec.core.prompts import encode_prompt
+from specdec.core.prompts import encode_messages, encode_prompt
 from specdec.core.runner import SlotsExhausted
 from specdec.core.target import TargetVerifier, VerifyItem
 from specdec.core.tokenizer_spec import TokenizerSpec, export_tokenizer
@@ -179,13 +179,17 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
 
     @rpc_method
     def Tokenize(self, request: worker_pb2.TokenizeTextRequest, context) -> worker_pb2.TokenizeTextResponse:
-        if request.chat and not getattr(self.tokenizer, "chat_template", None):
+        if (request.chat or request.messages) and not getattr(self.tokenizer, "chat_template", None):
+            field = "messages" if request.messages else "chat"
             raise RpcStatusError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"chat: model {self.model_name!r} has no chat template; send chat=false with a formatted prompt",
+                f"{field}: model {self.model_name!r} has no chat template; send a formatted prompt with chat=false",
             )
         with self._tok_lock:
-            ids = encode_prompt(self.tokenizer, request.text, request.chat)
+            if request.messages:
+                ids = encode_messages(self.tokenizer, [(m.role, m.content) for m in request.messages])
+            else:
+                ids = encode_prompt(self.tokenizer, request.text, request.chat)
         return worker_pb2.TokenizeTextResponse(token_ids=[int(t) for t in ids])
 
     @rpc_method

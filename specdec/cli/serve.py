@@ -38,6 +38,7 @@ def _load_serve_config(args: argparse.Namespace):
         dtype=args.dtype,
         port=args.port,
         metrics_port=args.metrics_port,
+        http_port=args.http_port,
         address=args.address,
         tensor_parallel=args.tp,
         security=security_overrides(args),
@@ -88,6 +89,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="Prometheus /metrics port (default 9400; 0 = any free port; -1 = off)",
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="the OpenAI-compatible HTTP API's port, on the gRPC port's host (default 8000; 0 = off)",
     )
     p.add_argument(
         "--address",

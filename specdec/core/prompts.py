@@ -123,13 +123,18 @@ def load_prompts(spec: str) -> list[Prompt]:
     return load_jsonl(name, limit)
 
 
+def encode_messages(tokenizer, messages: list[tuple[str, str]]) -> list[int]:
+    """A conversation of (role, content) through the chat template, generation prompt appended."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": role, "content": content} for role, content in messages], add_generation_prompt=True, tokenize=True
+    )
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
     """Raw text is tokenized as the tokenizer does by default; --chat applies the chat template."""
     if chat:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return encode_messages(tokenizer, [("user", text)])
     return list(tokenizer(text)["input_ids"])
 
 

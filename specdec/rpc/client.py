@@ -57,6 +57,7 @@ __all__ = [
     "StreamChunk",
     "TokenizeResult",
     "build_request",
+    "chat_messages",
     "SpecdecError",
     "FieldViolation",
     "InvalidArgument",
@@ -118,10 +119,23 @@ class TokenizeResult:
     count: int
 
 
+Message = tuple[str, str] | dict[str, str]  # (role, content) or {"role": ..., "content": ...}
+
+
+def chat_messages(messages: Sequence[Message] | None) -> list[generate_pb2.ChatMessage]:
+    """A conversation as ChatMessage protos (GenerateRequest.messages, TokenizeRequest.messages)."""
+    out = []
+    for m in messages or ():
+        role, content = (m["role"], m["content"]) if isinstance(m, dict) else m
+        out.append(generate_pb2.ChatMessage(role=role, content=content))
+    return out
+
+
 def build_request(
     prompt: str | None = None,
     *,
     prompt_token_ids: Sequence[int] | None = None,
+    messages: Sequence[Message] | None = None,
     model: str = "",
     chat: bool = False,
     max_tokens: int = 0,
@@ -146,6 +160,7 @@ def build_request(
         model=model,
         prompt=prompt or "",
         prompt_token_ids=list(prompt_token_ids or []),
+        messages=chat_messages(messages),
         chat=chat,
         max_tokens=max_tokens,
         top_k=top_k,
@@ -255,13 +270,18 @@ class SpecdecClient:
         prompt: str | None = None,
         *,
         prompt_token_ids: Sequence[int] | None = None,
+        messages: Sequence[Message] | None = None,
         model: str = "",
         chat: bool = False,
         timeout: float | None = 30.0,
     ) -> TokenizeResult:
         """The prompt's token ids exactly as :meth:`generate` would run them, and their count."""
         req = generate_pb2.TokenizeRequest(
-            model=model, prompt=prompt or "", prompt_token_ids=list(prompt_token_ids or []), chat=chat
+            model=model,
+            prompt=prompt or "",
+            prompt_token_ids=list(prompt_token_ids or []),
+            messages=chat_messages(messages),
+            chat=chat,
         )
         try:
             resp = self.stub.Tokenize(req, timeout=timeout)

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from specdec.rpc.auth import channel_tls, credentials_metadata
-from specdec.rpc.call_metadata import with_metadata
+from specdec.rpc.call_metadata import aio_interceptors, with_metadata
 
 __all__ = ["ClientCredentials", "TOKEN_ENV"]
 
@@ -80,3 +80,12 @@ class ClientCredentials:
         else:
             channel = grpc.insecure_channel(address, options=opts)
         return with_metadata(channel, credentials_metadata(self.token))
+
+    def aio_channel(self, address: str, options: list[tuple[str, int]] | None = None) -> grpc.aio.Channel:
+        """The grpc.aio twin of :meth:`channel` (for :class:`specdec.rpc.aio_client.AsyncSpecdecClient`)."""
+        opts = list(options or [])
+        interceptors = aio_interceptors(credentials_metadata(self.token)) or None
+        if self.secure:
+            tls = channel_tls(self.ca, self.cert, self.key)
+            return grpc.aio.secure_channel(address, tls, options=opts, interceptors=interceptors)
+        return grpc.aio.insecure_channel(address, options=opts, interceptors=interceptors)

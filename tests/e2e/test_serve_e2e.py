@@ -35,18 +35,30 @@ GENERATION = "specdec.v1.Generation"
 @pytest.fixture(scope="module")
 def served(smollm_path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
     worker = {"model": SMOLLM, "dtype": "float32", "num_slots": 4, "max_len": 1024, "threads": 1}
     config = {
         "ray": {"num_cpus": 2},
         "target": dict(worker),
         "draft": dict(worker),  # SmolLM2 drafting for itself: a smoke configuration
-        "router": {"port": port, "metrics_port": metrics_port, "k_policy": {"k": 3, "adaptive": False}},
+        "router": {
+            "port": port,
+            "metrics_port": metrics_port,
+            "http_port": http_port,
+            "k_policy": {"k": 3, "adaptive": False},
+        },
     }
     address = f"127.0.0.1:{port}"
     with serve_process(config, tmp) as (proc, log):
         wait_serving(proc, address, log, timeout=240)
-        yield dict(proc=proc, address=address, metrics_port=metrics_port, log=log, log_path=tmp / "serve.log")
+        yield dict(
+            proc=proc,
+            address=address,
+            metrics_port=metrics_port,
+            http_port=http_port,
+            log=log,
+            log_path=tmp / "serve.log",
+        )
 
 
 def test_grpcurl_lists_services_calls_generate_and_health(served):
@@ -172,6 +184,18 @@ def test_metrics_endpoint(served):
     assert 'specdec_worker_up{role="target",worker="target-0"} 1.0' in text
 
 
+def test_the_openai_api_is_served_beside_grpc(served):
+    """The gateway process `specdec serve` started: OpenAI's routes on the HTTP port, over the router."""
+    url = f"http://127.0.0.1:{served['http_port']}"
+    assert json.load(urllib.request.urlopen(url + "/health", timeout=30)) == {"status": "ok"}
+    models = json.load(urllib.request.urlopen(url + "/v1/models", timeout=30))
+    assert [m["id"] for m in models["data"]] == [SMOLLM]
+    body = json.dumps({"model": SMOLLM, "prompt": PROMPT, "max_tokens": 4, "temperature": 0}).encode()
+    req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
+    out = json.load(urllib.request.urlopen(req, timeout=120))
+    assert out["object"] == "text_completion" and out["usage"]["completion_tokens"] >= 1
+
+
 def _listening(pid: int) -> list[tuple[str, str, int]]:
     """(process, address, port) of every listening TCP socket of ``pid`` and its descendants."""
     import psutil
@@ -213,7 +237,7 @@ def test_only_loopback_sockets_and_internal_calls_need_secrets(served):
     ports = {port for _, _, port in sockets}
     workers = _worker_addresses(served["log_path"])
     assert [r for r, _ in workers] == ["target", "draft"] and {int(a.rsplit(":", 1)[1]) for _, a in workers} <= ports
-    assert {int(served["address"].rsplit(":", 1)[1]), served["metrics_port"]} <= ports
+    assert {int(served["address"].rsplit(":", 1)[1]), served["metrics_port"], served["http_port"]} <= ports
     exposed = [s for s in sockets if not is_loopback(s[1])]
     assert not exposed, exposed
     assert any("gcs_server" in name for name, _, _ in sockets) and any("raylet" in name for name, _, _ in sockets)
@@ -273,3 +297,5 @@ def test_sigterm_shuts_down_cleanly(served):
     with grpc.insecure_channel(served["address"]) as ch:
         with pytest.raises(grpc.RpcError):
             health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+    with pytest.raises(ConnectionRefusedError):  # the gateway went with it
+        socket.create_connection(("127.0.0.1", served["http_port"]), timeout=5).close()

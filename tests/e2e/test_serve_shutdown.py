@@ -51,7 +51,7 @@ def test_sigterm_with_requests_in_flight(tiny_paths, tmp_path):
         "ray": {"num_cpus": 2},
         "target": {**_worker(tiny_paths["llama"]), "bench_step_delay_s": STEP_DELAY_S},
         "draft": None,
-        "router": {"port": port, "metrics_port": None, "grace_s": GRACE_S, "default_mode": "off"},
+        "router": {"port": port, "metrics_port": None, "http_port": 0, "grace_s": GRACE_S, "default_mode": "off"},
     }
     address = f"127.0.0.1:{port}"
     with serve_process(config, tmp_path, log_format="text") as (proc, log):
@@ -116,7 +116,7 @@ def test_sigterm_while_waiting_for_workers(tiny_paths, tmp_path):
         "ray": {"num_cpus": 2, "resources": {"draft_gpu": 1}},  # no target_gpu anywhere
         "target": _worker(tiny_paths["llama"]),
         "draft": None,
-        "router": {"port": port, "metrics_port": None},
+        "router": {"port": port, "metrics_port": None, "http_port": 0},
     }
     with serve_process(config, tmp_path, log_format="text") as (proc, log):
         wait_for_log(proc, log, "waiting for 1 target worker(s) to start", timeout=180)

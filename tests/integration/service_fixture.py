@@ -53,18 +53,20 @@ class Service:
 
 
 @contextmanager
-def running_service(actor_reaper, tiny_paths, security=None, credentials=None, **router_config):
+def running_service(actor_reaper, tiny_paths, security=None, credentials=None, models=None, **router_config):
     """Start the workers and the router (``router_config`` overrides the test defaults; ``security``:
-    a SecurityConfig for the public port, ``credentials`` the client's); stop the router at the end
-    (the actors go with ``actor_reaper``)."""
+    a SecurityConfig for the public port, ``credentials`` the client's; ``models``: (name, target
+    path, draft path) instead of the tiny pair); stop the router at the end (the actors go with
+    ``actor_reaper``)."""
+    name, target_path, draft_path = models or (MODEL, tiny_paths["llama"], tiny_paths["llama-draft"])
     from draft_worker.actor import spawn_draft_worker
     from router.config import RouterConfig
     from router.server import RouterThread, TargetBinding
     from router.workers import ActorEndpoint
     from target_worker.actor import spawn_target_worker
 
-    target = spawn_target_worker(worker_config(tiny_paths["llama"]))
-    draft = spawn_draft_worker(worker_config(tiny_paths["llama-draft"]))
+    target = spawn_target_worker(worker_config(target_path))
+    draft = spawn_draft_worker(worker_config(draft_path))
     actor_reaper.extend([target, draft])
     config = {
         "port": 0,
@@ -79,11 +81,11 @@ def running_service(actor_reaper, tiny_paths, security=None, credentials=None, *
         **router_config,
     }
     binding = TargetBinding(
-        MODEL,
+        name,
         ActorEndpoint(target, "target-0"),
         ActorEndpoint(draft, "draft-0"),
-        "tiny-llama-draft",
-        tokenizer=str(tiny_paths["llama"]),
+        f"{name}-draft" if models else "tiny-llama-draft",
+        tokenizer=str(target_path),
     )
     router = RouterThread([binding], RouterConfig(**config), security=security).start(connect_timeout=300)
     svc = Service(router, target, draft, tiny_paths, credentials)

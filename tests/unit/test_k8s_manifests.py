@@ -58,8 +58,10 @@ OVERLAYS = {  # name: (values file, overrides)
             },
             "serve": {"security": {"exempt": []}},
             "rayAuth": {"secretName": "my-ray-token"},
+            "gateway": {"enabled": False},  # mTLS: the gateway would need a client certificate
         },
     ),
+    "cpu-demo-api-tls": (K8S / "values-cpu-demo.yaml", {"router": {"tls": {"secretName": "specdec-api-tls"}}}),
     "cpu-demo-api-tokens": (K8S / "values-cpu-demo.yaml", {"router": {"tokensSecretName": "specdec-api-tokens"}}),
 }
 
@@ -156,6 +158,12 @@ def _one(docs: list[dict], kind: str) -> dict:
     return found[0]
 
 
+def _service(docs: list[dict], http: bool = False) -> dict:
+    """The gRPC Service, or (``http``) the gateway's."""
+    (svc,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-http") == http]
+    return svc
+
+
 def _container(template: dict, name: str) -> dict:
     (c,) = [c for c in template["spec"]["containers"] if c["name"] == name]
     return c
@@ -195,7 +203,7 @@ def check_agreement(docs: list[dict], cluster: dict) -> None:
     port, metrics_port = cluster["router"]["port"], cluster["router"]["metrics_port"]
     names = {role: set(cluster[role]["placement"]["resources"]) for role in ("target", "draft")}
 
-    cm, rc, svc = _one(docs, "ConfigMap"), _one(docs, "RayCluster"), _one(docs, "Service")
+    cm, rc, svc = _one(docs, "ConfigMap"), _one(docs, "RayCluster"), _service(docs)
     serve = yaml.safe_load(cm["data"]["serve.yaml"])
     cfg = ServeConfig.from_dict(serve)  # the same strict parser `specdec serve` uses
     assert serve["ray"]["address"] == "auto"
@@ -245,6 +253,28 @@ def check_agreement(docs: list[dict], cluster: dict) -> None:
     for pdb in (d for d in docs if d["kind"] == "PodDisruptionBudget"):
         sel = pdb["spec"]["selector"]["matchLabels"].items()
         assert sum(sel <= lab.items() for lab in labels.values()) == 1, f"{pdb['metadata']['name']} selects no group"
+    check_gateway(docs, cfg, cluster, svc)
+
+
+def check_gateway(docs: list[dict], cfg: ServeConfig, cluster: dict, svc: dict) -> None:
+    """The HTTP gateway: its own Deployment and Service on cluster.yaml's http_port, dialling the gRPC Service."""
+    assert not cfg.router.http_port, "the router's container starts no gateway: the gateway has its own pods"
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    if not deployments:
+        assert not any(d["kind"] == "Service" and d["metadata"]["name"].endswith("-http") for d in docs)
+        return
+    (gw,) = deployments
+    http_port, template = cluster["router"]["http_port"], gw["spec"]["template"]
+    c = _container(template, "gateway")
+    args = dict(a[2:].split("=", 1) for a in c["args"])
+    assert args["router"] == f"{svc['metadata']['name']}:{cfg.router.port}", "the gateway dials the gRPC Service"
+    assert int(args["port"]) == http_port and c["ports"] == [{"name": "http", "containerPort": http_port}]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert gw["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    http = _service(docs, http=True)
+    assert [(p["name"], p["port"], p["targetPort"]) for p in http["spec"]["ports"]] == [("http", http_port, "http")]
+    assert http["spec"]["selector"].items() <= template["metadata"]["labels"].items(), "the Service selects the gateway"
+    assert ("tls-cert" in args) == bool(cfg.security.tls), "HTTPS exactly when the gRPC API has TLS"
 
 
 # --------------------------------------------------------------------------- the tests
@@ -253,7 +283,7 @@ def check_agreement(docs: list[dict], cluster: dict) -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_manifests_validate(overlay):
     docs = rendered(overlay)
-    assert {d["kind"] for d in docs} == {"ConfigMap", "RayCluster", "Service", "PodDisruptionBudget"}
+    assert {d["kind"] for d in docs} - {"Deployment"} == {"ConfigMap", "RayCluster", "Service", "PodDisruptionBudget"}
     for doc in docs:
         check_schemas(doc)
 
@@ -270,7 +300,7 @@ def check_gpu_overlay(values_text: str, cluster: dict) -> None:
     for role in ("target", "draft"):
         for key in ("placement", "host"):
             expected[role].pop(key)
-    for key in ("host", "port", "metrics_host", "metrics_port"):
+    for key in ("host", "port", "metrics_host", "metrics_port", "http_port"):
         expected["router"].pop(key)
     serve = yaml.safe_load(values_text)["serve"]
     assert serve == expected, "values-gpu.yaml serve: differs from configs/cluster.yaml"
@@ -404,6 +434,18 @@ BROKEN_AGREEMENT = {
     "accelerator_type in a placement": (
         "ConfigMap",
         lambda d: _edit_serve(d, lambda cfg: cfg["target"]["placement"].update(accelerator_type="A100")),
+    ),
+    "gateway's router address": (
+        "Deployment",
+        lambda d: d["spec"]["template"]["spec"]["containers"][0]["args"].__setitem__(0, "--router=elsewhere:50051"),
+    ),
+    "gateway's HTTP port": (
+        "Deployment",
+        lambda d: d["spec"]["template"]["spec"]["containers"][0]["args"].__setitem__(2, "--port=8001"),
+    ),
+    "gateway started by the router too": (
+        "ConfigMap",
+        lambda d: _edit_serve(d, lambda cfg: cfg["router"].update(http_port=8000)),
     ),
     "PDB selector": (
         "PodDisruptionBudget",

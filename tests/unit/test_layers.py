@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("specdec", "router", "cluster", "draft_worker", "target_worker")
+PACKAGES = ("specdec", "router", "cluster", "draft_worker", "target_worker", "gateway")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -46,6 +46,8 @@ def scratch(tmp_path: Path) -> Path:
         ("specdec/core/ngram.py", "import router.config", "Layers"),
         ("router/validate.py", "import specdec.core.runner", "do not import torch"),
         ("draft_worker/servicer.py", "import target_worker.servicer", "Layers"),
+        ("gateway/app.py", "import router.service", "Layers"),
+        ("gateway/app.py", "import ray", "The HTTP gateway imports no torch"),
         ("specdec/core/adaptive_k.py", "import specdec.core.request_state", "No cycles"),
     ],
 )

@@ -92,6 +92,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $router "port" (int .Values.router.port) -}}
 {{- $_ := set $router "metrics_host" "0.0.0.0" -}}
 {{- $_ := set $router "metrics_port" (int .Values.router.metricsPort) -}}
+{{- $_ := set $router "http_port" 0 -}}{{/* the gateway runs in its own Deployment (gateway.yaml) */}}
 {{- $_ := set $cfg "router" $router -}}
 {{- $security := include "specdec.apiSecurity" . | fromJson -}}
 {{- if $security -}}{{- $_ := set $cfg "security" $security -}}{{- end -}}

@@ -25,39 +25,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specdec/v1/generate.proto\x12\nspecdec.v1\"w\n\x12SpeculationOptions\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x1b.specdec.v1.SpeculationMode\x12\t\n\x01k\x18\x02 \x01(\x05\x12+\n\x0bverify_mode\x18\x03 \x01(\x0e\x32\x16.specdec.v1.VerifyMode\"\xe2\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x0c\n\x04\x63hat\x18\x05 \x01(\x08\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x18\n\x0btemperature\x18\x07 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x08 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\t \x01(\x05\x12\x11\n\x04seed\x18\n \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\x33\n\x0bspeculation\x18\x0e \x01(\x0b\x32\x1e.specdec.v1.SpeculationOptionsB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\xb5\x01\n\x10SpeculationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\x05\x12\x0f\n\x07\x64rafted\x18\x02 \x01(\x05\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x01\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x05 \x03(\x05\x12\x18\n\x10\x66\x61il_open_rounds\x18\x06 \x01(\x05\x12\x1c\n\x14\x64rafted_per_position\x18\x07 \x03(\x05\"\xb3\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.specdec.v1.Usage\x12\x31\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\"\xb0\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.specdec.v1.Usage\x12\x31\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\"\x13\n\x11ListModelsRequest\"\xb0\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x13\n\x0bmax_context\x18\x05 \x01(\x05\x12\r\n\x05ready\x18\x06 \x01(\x08\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x15\n\reos_token_ids\x18\x08 \x03(\x05\x12\x19\n\x11has_chat_template\x18\t \x01(\x08\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.specdec.v1.ModelInfo\"X\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x0c\n\x04\x63hat\x18\x04 \x01(\x08\"4\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05\x63ount\x18\x02 \x01(\x05*\xa0\x01\n\x0fSpeculationMode\x12 \n\x1cSPECULATION_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x01\x12\x1a\n\x16SPECULATION_MODE_DRAFT\x10\x02\x12\x1a\n\x16SPECULATION_MODE_NGRAM\x10\x03\x12\x19\n\x15SPECULATION_MODE_AUTO\x10\x04*w\n\nVerifyMode\x12\x1b\n\x17VERIFY_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12VERIFY_MODE_GREEDY\x10\x01\x12\x19\n\x15VERIFY_MODE_REJECTION\x10\x02\x12\x19\n\x15VERIFY_MODE_INVARIANT\x10\x03\x32\xb3\x02\n\nGeneration\x12\x45\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse\x12J\n\x0eGenerateStream\x12\x1b.specdec.v1.GenerateRequest\x1a\x19.specdec.v1.GenerateChunk0\x01\x12K\n\nListModels\x12\x1d.specdec.v1.ListModelsRequest\x1a\x1e.specdec.v1.ListModelsResponse\x12\x45\n\x08Tokenize\x12\x1b.specdec.v1.TokenizeRequest\x1a\x1c.specdec.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specdec/v1/generate.proto\x12\nspecdec.v1\"w\n\x12SpeculationOptions\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x1b.specdec.v1.SpeculationMode\x12\t\n\x01k\x18\x02 \x01(\x05\x12+\n\x0bverify_mode\x18\x03 \x01(\x0e\x32\x16.specdec.v1.VerifyMode\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x8d\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x0c\n\x04\x63hat\x18\x05 \x01(\x08\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x18\n\x0btemperature\x18\x07 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x08 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\t \x01(\x05\x12\x11\n\x04seed\x18\n \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\x33\n\x0bspeculation\x18\x0e \x01(\x0b\x32\x1e.specdec.v1.SpeculationOptions\x12)\n\x08messages\x18\x0f \x03(\x0b\x32\x17.specdec.v1.ChatMessageB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\xb5\x01\n\x10SpeculationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\x05\x12\x0f\n\x07\x64rafted\x18\x02 \x01(\x05\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x01\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x05 \x03(\x05\x12\x18\n\x10\x66\x61il_open_rounds\x18\x06 \x01(\x05\x12\x1c\n\x14\x64rafted_per_position\x18\x07 \x03(\x05\"\xb3\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.specdec.v1.Usage\x12\x31\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\"\xb0\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.specdec.v1.Usage\x12\x31\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\"\x13\n\x11ListModelsRequest\"\xb0\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x13\n\x0bmax_context\x18\x05 \x01(\x05\x12\r\n\x05ready\x18\x06 \x01(\x08\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x15\n\reos_token_ids\x18\x08 \x03(\x05\x12\x19\n\x11has_chat_template\x18\t \x01(\x08\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.specdec.v1.ModelInfo\"\x83\x01\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x0c\n\x04\x63hat\x18\x04 \x01(\x08\x12)\n\x08messages\x18\x05 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"4\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05\x63ount\x18\x02 \x01(\x05*\xa0\x01\n\x0fSpeculationMode\x12 \n\x1cSPECULATION_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x01\x12\x1a\n\x16SPECULATION_MODE_DRAFT\x10\x02\x12\x1a\n\x16SPECULATION_MODE_NGRAM\x10\x03\x12\x19\n\x15SPECULATION_MODE_AUTO\x10\x04*w\n\nVerifyMode\x12\x1b\n\x17VERIFY_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12VERIFY_MODE_GREEDY\x10\x01\x12\x19\n\x15VERIFY_MODE_REJECTION\x10\x02\x12\x19\n\x15VERIFY_MODE_INVARIANT\x10\x03\x32\xb3\x02\n\nGeneration\x12\x45\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse\x12J\n\x0eGenerateStream\x12\x1b.specdec.v1.GenerateRequest\x1a\x19.specdec.v1.GenerateChunk0\x01\x12K\n\nListModels\x12\x1d.specdec.v1.ListModelsRequest\x1a\x1e.specdec.v1.ListModelsResponse\x12\x45\n\x08Tokenize\x12\x1b.specdec.v1.TokenizeRequest\x1a\x1c.specdec.v1.TokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.rpc.v1.generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SPECULATIONMODE']._serialized_start=1529
-  _globals['_SPECULATIONMODE']._serialized_end=1689
-  _globals['_VERIFYMODE']._serialized_start=1691
-  _globals['_VERIFYMODE']._serialized_end=1810
+  _globals['_SPECULATIONMODE']._serialized_start=1662
+  _globals['_SPECULATIONMODE']._serialized_end=1822
+  _globals['_VERIFYMODE']._serialized_start=1824
+  _globals['_VERIFYMODE']._serialized_end=1943
   _globals['_SPECULATIONOPTIONS']._serialized_start=41
   _globals['_SPECULATIONOPTIONS']._serialized_end=160
-  _globals['_GENERATEREQUEST']._serialized_start=163
-  _globals['_GENERATEREQUEST']._serialized_end=517
-  _globals['_USAGE']._serialized_start=519
-  _globals['_USAGE']._serialized_end=576
-  _globals['_SPECULATIONSTATS']._serialized_start=579
-  _globals['_SPECULATIONSTATS']._serialized_end=760
-  _globals['_GENERATERESPONSE']._serialized_start=763
-  _globals['_GENERATERESPONSE']._serialized_end=942
-  _globals['_GENERATECHUNK']._serialized_start=945
-  _globals['_GENERATECHUNK']._serialized_end=1121
-  _globals['_LISTMODELSREQUEST']._serialized_start=1123
-  _globals['_LISTMODELSREQUEST']._serialized_end=1142
-  _globals['_MODELINFO']._serialized_start=1145
-  _globals['_MODELINFO']._serialized_end=1321
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1323
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1382
-  _globals['_TOKENIZEREQUEST']._serialized_start=1384
-  _globals['_TOKENIZEREQUEST']._serialized_end=1472
-  _globals['_TOKENIZERESPONSE']._serialized_start=1474
-  _globals['_TOKENIZERESPONSE']._serialized_end=1526
-  _globals['_GENERATION']._serialized_start=1813
-  _globals['_GENERATION']._serialized_end=2120
+  _globals['_CHATMESSAGE']._serialized_start=162
+  _globals['_CHATMESSAGE']._serialized_end=206
+  _globals['_GENERATEREQUEST']._serialized_start=209
+  _globals['_GENERATEREQUEST']._serialized_end=606
+  _globals['_USAGE']._serialized_start=608
+  _globals['_USAGE']._serialized_end=665
+  _globals['_SPECULATIONSTATS']._serialized_start=668
+  _globals['_SPECULATIONSTATS']._serialized_end=849
+  _globals['_GENERATERESPONSE']._serialized_start=852
+  _globals['_GENERATERESPONSE']._serialized_end=1031
+  _globals['_GENERATECHUNK']._serialized_start=1034
+  _globals['_GENERATECHUNK']._serialized_end=1210
+  _globals['_LISTMODELSREQUEST']._serialized_start=1212
+  _globals['_LISTMODELSREQUEST']._serialized_end=1231
+  _globals['_MODELINFO']._serialized_start=1234
+  _globals['_MODELINFO']._serialized_end=1410
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1412
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1471
+  _globals['_TOKENIZEREQUEST']._serialized_start=1474
+  _globals['_TOKENIZEREQUEST']._serialized_end=1605
+  _globals['_TOKENIZERESPONSE']._serialized_start=1607
+  _globals['_TOKENIZERESPONSE']._serialized_end=1659
+  _globals['_GENERATION']._serialized_start=1946
+  _globals['_GENERATION']._serialized_end=2253
 # @@protoc_insertion_point(module_scope)

@@ -129,12 +129,14 @@ class ReleaseResponse(_message.Message):
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
 class TokenizeTextRequest(_message.Message):
-    __slots__ = ("text", "chat")
+    __slots__ = ("text", "chat", "messages")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     text: str
     chat: bool
-    def __init__(self, text: _Optional[str] = ..., chat: _Optional[bool] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[_generate_pb2.ChatMessage]
+    def __init__(self, text: _Optional[str] = ..., chat: _Optional[bool] = ..., messages: _Optional[_Iterable[_Union[_generate_pb2.ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class TokenizeTextResponse(_message.Message):
     __slots__ = ("token_ids",)

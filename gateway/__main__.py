@@ -1,0 +1,56 @@
+"""``python -m gateway``: the OpenAI-compatible HTTP API in its own process (``specdec serve`` starts
+it beside the router; on Kubernetes it is its own container). uvicorn serves the app; TLS and mTLS
+take the same PEM files as the gRPC port (README, Security)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import ssl
+
+import uvicorn
+
+from gateway.app import GatewayConfig, create_app
+from specdec.rpc.client_credentials import ClientCredentials
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
+    p.add_argument("--router", default="127.0.0.1:50051", help="the router's gRPC address")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port")
+    p.add_argument("--tls-cert", default=None, help="HTTPS: the server certificate (PEM)")
+    p.add_argument("--tls-key", default=None, help="HTTPS: its private key (PEM)")
+    p.add_argument("--tls-client-ca", default=None, help="mTLS: require client certificates signed by this CA")
+    p.add_argument("--router-tls", action="store_true", help="reach the router over TLS (system roots)")
+    p.add_argument("--router-ca", default=None, help="reach the router over TLS, trusting this CA (PEM)")
+    p.add_argument("--router-cert", default=None, help="mTLS to the router: the gateway's certificate")
+    p.add_argument("--router-key", default=None, help="mTLS to the router: its key")
+    p.add_argument("--timeout", type=float, default=None, help="deadline per request, seconds (default none)")
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together")
+    if args.tls_client_ca and not args.tls_cert:
+        p.error("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    credentials = ClientCredentials(
+        token=None, tls=args.router_tls, ca=args.router_ca, cert=args.router_cert, key=args.router_key
+    )
+    app = create_app(GatewayConfig(router=args.router, credentials=credentials, timeout=args.timeout))
+    tls = {}
+    if args.tls_cert:
+        tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
+        if args.tls_client_ca:
+            tls.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    # access_log off: the router writes the one access line per request (router/access_log.py)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, **tls)
+
+
+if __name__ == "__main__":
+    main()

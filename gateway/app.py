@@ -1,0 +1,211 @@
+"""The gateway's ASGI app: OpenAI's ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` and
+``/health`` over one async gRPC client of the router (docs/design.md, The API; docs/architecture.md).
+
+The caller's bearer token travels as the gRPC call's own credential, so the router alone decides who
+may call (same token file, same per-client limit, same 401); ``x-request-id`` becomes the request's
+id, hence the router's access-log ``request_id``, and is echoed. A stream's client going away
+cancels the gRPC call, which frees the request's KV slots at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from gateway.api_error import ApiError, from_specdec_error
+from gateway.event_stream import EventStreamResponse
+from gateway.openai_request import OpenAIRequest, parse_chat, parse_completion
+from gateway.openai_response import DONE, Reply, models_list, sse
+from specdec.rpc.aio_client import AsyncSpecdecClient
+from specdec.rpc.client_credentials import ClientCredentials
+from specdec.rpc.client_errors import SpecdecError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GatewayConfig", "create_app"]
+
+REQUEST_ID_HEADER = "x-request-id"
+T = TypeVar("T")
+
+
+@dataclass
+class GatewayConfig:
+    """``router``: the router's gRPC address; ``credentials``: how the gateway reaches it (TLS; the
+    token is each caller's own); ``timeout``: a deadline per request in seconds (None: none)."""
+
+    router: str = "127.0.0.1:50051"
+    credentials: ClientCredentials = field(default_factory=ClientCredentials)
+    timeout: float | None = None
+
+
+class _Models:
+    """The router's models, asked once (with a caller's token) and kept: names, default, fingerprint."""
+
+    def __init__(self) -> None:
+        self.models: list[dict[str, Any]] | None = None
+        self.created = int(time.time())
+
+    async def get(self, client: AsyncSpecdecClient, metadata) -> list[dict[str, Any]]:
+        models = await client.list_models(metadata=metadata)
+        if all(m["ready"] for m in models if m["role"] == "target"):
+            self.models = models
+        return models
+
+    async def default_and_fingerprint(self, client: AsyncSpecdecClient, metadata) -> tuple[str, str]:
+        models = self.models or await self.get(client, metadata)
+        targets = [m for m in models if m["role"] == "target"]
+        facts = json.dumps([[m["name"], m["dtype"], m["device"]] for m in models], sort_keys=True)
+        return (targets[0]["name"] if targets else ""), "fp_" + hashlib.sha256(facts.encode()).hexdigest()[:12]
+
+
+def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
+    auth = request.headers.get("authorization")
+    return (("authorization", auth),) if auth else ()
+
+
+def _request_id(request: Request) -> str:
+    return request.headers.get(REQUEST_ID_HEADER) or f"req-{uuid.uuid4().hex[:24]}"
+
+
+async def _json(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _error_response(err: ApiError, request_id: str | None = None) -> JSONResponse:
+    headers = err.headers()
+    if request_id:
+        headers[REQUEST_ID_HEADER] = request_id
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """``work``, cancelled (and with it its gRPC call) if the client goes away before it ends."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await task
+    finally:
+        watcher.cancel()
+
+
+def create_app(config: GatewayConfig) -> FastAPI:
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state["client"] = AsyncSpecdecClient(config.router, timeout=config.timeout, credentials=config.credentials)
+        state["models"] = _Models()
+        log.info("gateway: OpenAI-compatible API over the router at %s", config.router)
+        try:
+            yield
+        finally:
+            await state["client"].close()
+
+    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, err: ApiError) -> JSONResponse:
+        return _error_response(err, request.headers.get(REQUEST_ID_HEADER))
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        return _error_response(ApiError(exc.status_code, str(exc.detail), kind, code=kind))
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            status = await state["client"].health(timeout=5)
+        except Exception:  # noqa: BLE001 - any failure to reach the router is "not serving"
+            status = "UNREACHABLE"
+        return JSONResponse(
+            {"status": "ok" if status == "SERVING" else status.lower()}, 200 if status == "SERVING" else 503
+        )
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        models: _Models = state["models"]
+        try:
+            found = await models.get(state["client"], _metadata(request))
+        except SpecdecError as exc:
+            raise from_specdec_error(exc) from None
+        return JSONResponse(models_list(found, models.created))
+
+    async def generate(request: Request, parsed: OpenAIRequest, chat: bool) -> Response:
+        client: AsyncSpecdecClient = state["client"]
+        metadata = _metadata(request)
+        rid = parsed.request.request_id
+        headers = {REQUEST_ID_HEADER: rid}
+        if not parsed.stream:
+            try:
+                out = await _cancel_on_disconnect(request, client.generate_request(parsed.request, metadata=metadata))
+                model, fingerprint = await state["models"].default_and_fingerprint(client, metadata)
+            except SpecdecError as exc:
+                raise from_specdec_error(exc, parsed.renames) from None
+            return JSONResponse(Reply(chat, rid, parsed.model or model, fingerprint).whole(out), headers=headers)
+        # The first chunk before the status line: a refused request gets its HTTP error status.
+        stream = client.stream_request(parsed.request, metadata=metadata)
+        try:
+            first = await anext(stream)
+            model, fingerprint = await state["models"].default_and_fingerprint(client, metadata)
+        except SpecdecError as exc:
+            await stream.aclose()
+            raise from_specdec_error(exc, parsed.renames) from None
+        except BaseException:
+            await stream.aclose()
+            raise
+        reply = Reply(chat, rid, parsed.model or model, fingerprint)
+
+        async def events():
+            chunk = first
+            try:
+                while True:
+                    yield sse(reply.chunk(chunk, parsed.include_usage))
+                    if chunk.finish_reason is not None:
+                        if parsed.include_usage:
+                            yield sse(reply.usage_chunk(chunk.usage))
+                        yield DONE
+                        return
+                    try:
+                        chunk = await anext(stream)
+                    except SpecdecError as exc:  # the status is sent already: the error is an event
+                        yield sse(from_specdec_error(exc, parsed.renames).body())
+                        return
+            finally:
+                await stream.aclose()
+
+        return EventStreamResponse(events(), headers=headers)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, parse_completion(await _json(request), _request_id(request)), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, parse_chat(await _json(request), _request_id(request)), chat=True)
+
+    return app
