@@ -41,8 +41,16 @@ def _parts(docs: list[dict]) -> tuple[SecurityConfig, dict, dict, dict]:
         SecurityConfig.from_dict(serve.get("security")),
         _container(head, "router"),
         head["spec"],
-        _one(docs, "Service"),
+        _router_service(docs),
     )
+
+
+def _router_service(docs: list[dict]) -> dict:
+    """The router's Service (the gateway, when enabled, has its own)."""
+    (svc,) = [
+        d for d in docs if d["kind"] == "Service" and d["spec"]["selector"]["app.kubernetes.io/component"] == "head"
+    ]
+    return svc
 
 
 def _secret_dirs(router: dict, pod: dict) -> dict[str, str]:
