@@ -21,7 +21,7 @@ from specdec.core.params import SamplingParams
 from specdec.core.request_state import KPolicy
 from specdec.rpc import generate_pb2
 from specdec.rpc.client import SpecdecClient, build_request
-from specdec.rpc.client_errors import from_rpc_error
+from specdec.rpc.client_errors import DeadlineExceeded, from_rpc_error
 from tests.integration.mixed_requests import mixed_requests
 from tests.integration.service_fixture import MAX_LEN, SLOTS, running_service
 
@@ -169,6 +169,21 @@ def test_16_concurrent_streams_with_mixed_parameters(service, engine):
         time.sleep(0.1)
 
 
+def test_a_stream_sends_one_chunk_per_round(service, engine):
+    """Alone on the service, a greedy stream gets one chunk per verify round: the chunks' count is
+    the response's round count, each with the 1 to k_max + 1 tokens that round committed, and
+    together the engine's output."""
+    prompt = encode(engine, "def fib(n):")
+    chunks = list(service.client.generate_stream(prompt_token_ids=prompt, max_tokens=48, mode="draft", timeout=120))
+    stats = chunks[-1].stats
+    assert stats["rounds"] > 1 and len(chunks) == stats["rounds"], (len(chunks), stats)
+    k_max = service.router.router.config.k_policy.k_max
+    assert all(1 <= len(c.token_ids) <= k_max + 1 for c in chunks[:-1]), [len(c.token_ids) for c in chunks]
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert tokens == ref(engine, prompt, SamplingParams(max_tokens=48)).token_ids
+    assert stats["accepted"] > 0 and len(tokens) > stats["rounds"]  # some round committed several tokens
+
+
 def test_list_models_health_and_metrics(service):
     models = service.client.list_models()
     assert [(m["name"], m["role"], m["ready"]) for m in models] == [
@@ -246,14 +261,21 @@ def test_unknown_enum_values_are_invalid_argument(service):
 
 
 def test_deadline_and_cancel_free_the_slots_on_both_workers(service):
+    """The client's deadline passes (unary and streaming): the client raises DeadlineExceeded, the
+    router counts it and frees the slots; a stream the client cancels frees them too."""
     before = service.metric("specdec_requests_total", {"outcome": "deadline_exceeded"})
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(DeadlineExceeded) as err:
         service.client.generate("long", max_tokens=900, ignore_eos=True, mode="draft", timeout=0.4)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    got = []
+    with pytest.raises(DeadlineExceeded):
+        for chunk in service.client.generate_stream("long", max_tokens=900, ignore_eos=True, mode="draft", timeout=1.0):
+            got.append(chunk)
+    assert got and not got[-1].finish_reason  # it streamed, then the deadline cut it
     service.wait_slots_free()
     t_end = time.monotonic() + 10
-    while service.metric("specdec_requests_total", {"outcome": "deadline_exceeded"}) <= before:
-        assert time.monotonic() < t_end
+    while service.metric("specdec_requests_total", {"outcome": "deadline_exceeded"}) < before + 2:
+        assert time.monotonic() < t_end, service.metric("specdec_requests_total", {"outcome": "deadline_exceeded"})
         time.sleep(0.05)
 
     before = service.metric("specdec_requests_total", {"outcome": "cancelled"})
