@@ -8,7 +8,7 @@ DRAFT ?= qwen2.5-coder-0.5b-instruct
 export RAY_AUTH_MODE := token
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install dev sysdeps serve test lint bench clean-venv
+.PHONY: install dev sysdeps serve test test-slow lint bench clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ sysdeps:
 test: lint sysdeps
 	$(BIN)/specdec models prepare smollm2-135m-instruct
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests
+
+# The opt-in tests (marked slow): the Qwen pair's lossless test, pool scaling, timing bounds.
+test-slow: dev
+	$(BIN)/specdec models prepare smollm2-135m-instruct $(TARGET) $(DRAFT)
+	SPECDEC_SLOW=1 SPECDEC_REQUIRE_ALL=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider -m slow tests
 
 bench: dev
 	$(BIN)/specdec models prepare $(TARGET) $(DRAFT)

@@ -10,7 +10,6 @@ token-for-token the output of the same engine without speculation (k = 0).
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from specdec.core.engine import KPolicy, SpecEngine
 from specdec.core.params import SamplingParams
 from specdec.core.prompts import load_jsonl
 from specdec.core.runner import ModelRunner
-from tests.conftest import load_hf
+from tests.conftest import load_hf, skip_for_environment
 
 SLOTS = 9  # the row under test + up to 8 others
 MAX_LEN = 64
@@ -241,15 +240,14 @@ QWEN_TARGET, QWEN_DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-ins
 MORE_CHAT = [p.text for p in load_jsonl(Path(__file__).resolve().parents[2] / "bench" / "prompts" / "chat.jsonl")]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("SPECDEC_SLOW") != "1", reason="opt-in: SPECDEC_SLOW=1")
+@pytest.mark.slow  # `make test-slow` prepares the packs
 def test_speculation_is_lossless_in_bf16_qwen_pair():
     from specdec.core import packs
     from specdec.core.build import make_model_drafter
     from specdec.core.models import load_model
 
     if not (packs.is_ready(QWEN_TARGET) and packs.is_ready(QWEN_DRAFT)):
-        pytest.skip(f"prepare the packs first: specdec models prepare {QWEN_TARGET} (and {QWEN_DRAFT})")
+        skip_for_environment(f"prepare the packs first: specdec models prepare {QWEN_TARGET} {QWEN_DRAFT}")
     target = load_model(QWEN_TARGET, dtype="bfloat16")
     draft = load_model(QWEN_DRAFT, dtype="bfloat16")
     prompts = chat_prompts(target.tokenizer, MORE_CHAT)
