@@ -250,11 +250,16 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         finally:
             call.rec.emit()
         if stopped_reading:  # the job was cancelled, and counted, as the chunks closed
-            await context.abort(
-                grpc.StatusCode.CANCELLED,
-                f"the client took no part of a stream chunk for {bound:g} s (router.stream_write_timeout_s): "
-                "the call was ended and its KV slots freed",
-            )
+            try:  # the status goes out behind the unread chunks: this waits until the client reads or leaves
+                await context.abort(
+                    grpc.StatusCode.CANCELLED,
+                    f"the client took no part of a stream chunk for {bound:g} s (router.stream_write_timeout_s): "
+                    "the call was ended and its KV slots freed",
+                )
+            except grpc.aio.AbortError:
+                raise
+            except Exception:  # noqa: BLE001 - it left first: nobody to tell, and no traceback to log
+                return
 
     async def ListModels(self, request, context) -> generate_pb2.ListModelsResponse:
         return self.router.list_models()
