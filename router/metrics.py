@@ -118,6 +118,17 @@ _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _LENGTH_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 _MAX_POSITIONS = 16
+# the outcomes a request of a known model can end with (unauthenticated calls have no model)
+_MODEL_OUTCOMES = (
+    "stop",
+    "length",
+    "cancelled",
+    "deadline_exceeded",
+    "invalid_argument",
+    "resource_exhausted",
+    "unavailable",
+    "error",
+)
 
 
 def _version(dist: str) -> str:
@@ -342,6 +353,8 @@ class Metrics:
         )
         self.build_info.labels(*build_versions()).set(1)
         ProcessCollector(namespace="specdec", registry=r)
+        for role in ("target", "draft"):  # at 0 from the start: increase() sees the first restart
+            self.worker_restarts.labels(role)
         # every position's series exists from the start (at 0), and a round increments them without
         # looking its labels up
         self._drafted_at = [self.drafted_pos.labels(str(j)) for j in range(_MAX_POSITIONS)]
@@ -354,6 +367,14 @@ class Metrics:
         self.port: int | None = None
 
     # ---- recording helpers -------------------------------------------------------------------
+    def add_model(self, model: str) -> None:
+        """Create a served model's request series at 0, so that PromQL over them (error ratios,
+        quantiles, the alert rules) has a series before the first request of each outcome."""
+        for outcome in _MODEL_OUTCOMES:
+            self.requests.labels(outcome, model)
+        for h in (self.ttft, self.tpot, self.duration, self.queue_time, self.prompt_len, self.generation_len):
+            h.labels(model)
+
     def record_propose(self, compute_s: float, wall_s: float, rows: int, steps: int) -> None:
         self.propose_compute.observe(compute_s)
         self.propose_rpc.observe(max(0.0, wall_s - compute_s))

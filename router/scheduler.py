@@ -96,6 +96,7 @@ class TargetScheduler:
         self.target = target
         self.cfg = config
         self.metrics = metrics
+        metrics.add_model(name)
         self.decode = decode
         info = target.info
         if info is None:
