@@ -118,6 +118,17 @@ _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _LENGTH_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 _MAX_POSITIONS = 16
+_REBALANCE_ACTIONS = (
+    "draft_move",
+    "draft_failover",
+    "depth_deep",
+    "depth_normal",
+    "depth_shallow",
+    "spec_off",
+    "spec_on",
+    "k_cap",
+    "route_around",
+)
 # the outcomes a request of a known model can end with (unauthenticated calls have no model)
 _MODEL_OUTCOMES = (
     "stop",
@@ -355,6 +366,8 @@ class Metrics:
         ProcessCollector(namespace="specdec", registry=r)
         for role in ("target", "draft"):  # at 0 from the start: increase() sees the first restart
             self.worker_restarts.labels(role)
+        for action in _REBALANCE_ACTIONS:  # the same for the rebalancer's actions (the autoscaler's come as used)
+            self.rebalance_actions.labels(action)
         # every position's series exists from the start (at 0), and a round increments them without
         # looking its labels up
         self._drafted_at = [self.drafted_pos.labels(str(j)) for j in range(_MAX_POSITIONS)]
