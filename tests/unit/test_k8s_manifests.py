@@ -16,8 +16,8 @@ configs/cluster.yaml, and every check is shown to fail on a broken copy.
   annotations; Ray's metrics ports named `metrics`; the monitors select the router's Service and
   the Ray pods; the PrometheusRule and the dashboard ConfigMap are the chart's files unchanged;
   GPUs, threads and pool sizes fit the pods; Ray's own KubeRay autoscaler code sees a node type
-  with room for every pool's actors; the GPU overlay is cluster.yaml. * Dockerfile: hadolint, and
-  the image rules (python:3.11-slim, no model weights).
+  with room for every pool's actors; the GPU overlay is cluster.yaml.
+* Dockerfile: hadolint, and the image rules (python:3.11-slim, no model weights).
 """
 
 from __future__ import annotations
