@@ -4,18 +4,25 @@ Served over HTTP at ``/metrics`` (default 127.0.0.1:9400) by :meth:`Metrics.serv
 
 Series:
 
-* ``specdec_requests_total{outcome}``: finished requests by outcome (stop, length, cancelled,
+* ``specdec_requests_total{outcome,model}``: finished requests by outcome (stop, length, cancelled,
   deadline_exceeded, invalid_argument (requests that do not decode included), not_found,
   resource_exhausted (a client over its limit included), unauthenticated, unavailable, error).
+  ``model`` is the served model's name, empty for a call turned away before its model was known
+  (never the client's string: a client must not be able to add series).
 * ``specdec_prompt_tokens_total``, ``specdec_generated_tokens_total``.
-* ``specdec_time_to_first_token_seconds``, ``specdec_time_per_output_token_seconds``,
-  ``specdec_request_duration_seconds`` (histograms).
+* Histograms by ``model``: ``specdec_time_to_first_token_seconds``,
+  ``specdec_time_per_output_token_seconds``, ``specdec_request_duration_seconds`` (arrival to last
+  token), ``specdec_queue_time_seconds`` (arrival to admission into a batch slot),
+  ``specdec_prompt_tokens_per_request`` (each queued request),
+  ``specdec_generation_tokens_per_request`` (each request that finished with stop or length).
 * ``specdec_queue_depth`` (waiting for a batch slot), ``specdec_running_requests`` (gauges).
 * ``specdec_rounds_total``, ``specdec_round_batch_size`` (histogram).
 * ``specdec_drafted_tokens_total``, ``specdec_accepted_tokens_total``,
   ``specdec_drafted_tokens_by_position_total{position}``,
-  ``specdec_accepted_tokens_by_position_total{position}``, ``specdec_acceptance_rate`` (gauge:
-  accepted / drafted since start).
+  ``specdec_accepted_tokens_by_position_total{position}`` (counters: ``rate(accepted) /
+  rate(drafted)`` is the recent acceptance of a router, ``sum(rate(..)) / sum(rate(..))`` that of
+  all), ``specdec_acceptance_rate`` (gauge: accepted / drafted since start; it cannot show a recent
+  collapse).
 * ``specdec_round_phase_seconds{phase}``: where a round's time goes: ``draft_wait`` (the round
   blocked on its drafts), ``verify`` (the Verify RPC, wall), ``rpc`` (gRPC and queueing part of the
   Verify call: wall minus the worker's own compute time when the worker reports it, see
@@ -54,10 +61,13 @@ Series:
   what the service's draft prefill costs, for the simulator's.
 * ``specdec_worker_free_slots{role,worker}``: the KV slots each worker reports free (its Info,
   polled every ``rebalance.period_s`` by router.telemetry_loop): a leak shows as a count that stays low
-  when idle. ``specdec_worker_evicted{role,worker}``: the KV caches it evicted since it started
-  (its Info): a running request whose cache a worker had to give to a new one is recomputed from
-  its tokens, which costs its whole context; the router frees finished requests' slots first, so
-  this stays 0 while the router keeps up.
+  when idle. ``specdec_worker_evictions_total{role,worker}``: the KV caches workers evicted (the
+  growth of the count each reports in its Info; a restarted worker's count is new): a running
+  request whose cache a worker had to give to a new one is recomputed from its tokens, which costs
+  its whole context; the router frees finished requests' slots first, so this stays 0 while the
+  router keeps up. ``specdec_worker_evicted{role,worker}`` (gauge: the worker's own count since it
+  started) is deprecated and goes in the next release.
+* ``specdec_build_info{version,python,grpc,torch}``: 1, labelled with the installed versions.
 * ``specdec_process_*``: the router process's resident memory, CPU time and open file descriptors
   (prometheus_client's process collector).
 """
@@ -65,6 +75,8 @@ Series:
 from __future__ import annotations
 
 import logging
+import platform
+from importlib import metadata
 
 from prometheus_client import (
     CollectorRegistry,
@@ -104,7 +116,43 @@ _LATENCY_BUCKETS = (
 )
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+_LENGTH_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 _MAX_POSITIONS = 16
+_REBALANCE_ACTIONS = (
+    "draft_move",
+    "draft_failover",
+    "depth_deep",
+    "depth_normal",
+    "depth_shallow",
+    "spec_off",
+    "spec_on",
+    "k_cap",
+    "route_around",
+)
+# the outcomes a request of a known model can end with (unauthenticated calls have no model)
+_MODEL_OUTCOMES = (
+    "stop",
+    "length",
+    "cancelled",
+    "deadline_exceeded",
+    "invalid_argument",
+    "resource_exhausted",
+    "unavailable",
+    "error",
+)
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def build_versions() -> tuple[str, str, str, str]:
+    """specdec, Python, grpcio and torch versions, from the installed distributions' metadata:
+    the router never imports torch (the workers do; one image installs both)."""
+    return _version("specdec"), platform.python_version(), _version("grpcio"), _version("torch")
 
 
 def _set(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
@@ -120,25 +168,50 @@ def _set(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("specdec_requests", "Finished requests by outcome", ["outcome"], registry=r)
+        # ``model`` last: readers that match a series' text by its first label keep working
+        self.requests = Counter("specdec_requests", "Finished requests by outcome", ["outcome", "model"], registry=r)
         self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generated_tokens = Counter("specdec_generated_tokens", "Generated (committed) tokens", registry=r)
         self.ttft = Histogram(
             "specdec_time_to_first_token_seconds",
             "Time from arrival to the first token",
+            ["model"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.tpot = Histogram(
             "specdec_time_per_output_token_seconds",
             "Mean time per output token after the first, per request",
+            ["model"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.duration = Histogram(
             "specdec_request_duration_seconds",
             "Time from arrival to the last token",
+            ["model"],
             buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "specdec_queue_time_seconds",
+            "Time from arrival to admission into a batch slot",
+            ["model"],
+            buckets=(0.001, *_LATENCY_BUCKETS),
+            registry=r,
+        )
+        self.prompt_len = Histogram(
+            "specdec_prompt_tokens_per_request",
+            "Prompt tokens of each admitted request",
+            ["model"],
+            buckets=_LENGTH_BUCKETS,
+            registry=r,
+        )
+        self.generation_len = Histogram(
+            "specdec_generation_tokens_per_request",
+            "Tokens generated for each request that finished (stop or length)",
+            ["model"],
+            buckets=_LENGTH_BUCKETS,
             registry=r,
         )
         self.inter_token = Histogram(
@@ -273,14 +346,33 @@ class Metrics:
         self.worker_free_slots = Gauge(
             "specdec_worker_free_slots", "KV-cache slots a worker reports free", ["role", "worker"], registry=r
         )
+        # deprecated (a cumulative count as a gauge: rate() cannot use it); kept for one release
         self.worker_evicted = Gauge(
             "specdec_worker_evicted", "KV caches a worker evicted since it started", ["role", "worker"], registry=r
         )
+        self.worker_evictions = Counter(
+            "specdec_worker_evictions",
+            "KV caches workers evicted (from the counts they report)",
+            ["role", "worker"],
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "specdec_build_info",
+            "Versions the router runs (always 1)",
+            ["version", "python", "grpc", "torch"],
+            registry=r,
+        )
+        self.build_info.labels(*build_versions()).set(1)
         ProcessCollector(namespace="specdec", registry=r)
+        for role in ("target", "draft"):  # at 0 from the start: increase() sees the first restart
+            self.worker_restarts.labels(role)
+        for action in _REBALANCE_ACTIONS:  # the same for the rebalancer's actions (the autoscaler's come as used)
+            self.rebalance_actions.labels(action)
         # every position's series exists from the start (at 0), and a round increments them without
         # looking its labels up
         self._drafted_at = [self.drafted_pos.labels(str(j)) for j in range(_MAX_POSITIONS)]
         self._accepted_at = [self.accepted_pos.labels(str(j)) for j in range(_MAX_POSITIONS)]
+        self._evicted_seen: dict[tuple[str, str], int] = {}
         self._drafted_n = 0
         self._accepted_n = 0
         self._server = None
@@ -288,6 +380,14 @@ class Metrics:
         self.port: int | None = None
 
     # ---- recording helpers -------------------------------------------------------------------
+    def add_model(self, model: str) -> None:
+        """Create a served model's request series at 0, so that PromQL over them (error ratios,
+        quantiles, the alert rules) has a series before the first request of each outcome."""
+        for outcome in _MODEL_OUTCOMES:
+            self.requests.labels(outcome, model)
+        for h in (self.ttft, self.tpot, self.duration, self.queue_time, self.prompt_len, self.generation_len):
+            h.labels(model)
+
     def record_propose(self, compute_s: float, wall_s: float, rows: int, steps: int) -> None:
         self.propose_compute.observe(compute_s)
         self.propose_rpc.observe(max(0.0, wall_s - compute_s))
@@ -317,6 +417,19 @@ class Metrics:
             c.inc()
         self.acceptance.set(self._accepted_n / self._drafted_n)
 
+    def record_evicted(self, role: str, worker: str, evicted: int) -> None:
+        """A worker's reported eviction count (cumulative since it started): the gauge shows it,
+        the counter grows by what is new. A count lower than the last one is a restarted worker,
+        whose whole count is new."""
+        key = (role, worker)
+        last = self._evicted_seen.get(key)
+        self._evicted_seen[key] = evicted
+        new = evicted if last is None or evicted < last else evicted - last
+        counter = self.worker_evictions.labels(role, worker)  # the series exists from the first poll, at 0
+        if new > 0:
+            counter.inc(new)
+        self.worker_evicted.labels(role, worker).set(evicted)
+
     def record_device(self, worker: str, role: str, s) -> None:
         """Set the device series from a :class:`specdec.rpc.telemetry.DeviceSample` (a field not
         measured removes its series: absent, not zero)."""
@@ -338,8 +451,16 @@ class Metrics:
         _set(self.worker_threads, (worker, role), s.threads)
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
-        """Current value of a series (for tests and the benchmark)."""
-        return self.registry.get_sample_value(name, labels or {})
+        """Current value of a series (for tests and the benchmark), summed over the labels not
+        given (e.g. every ``model``); None when no series matches."""
+        want = (labels or {}).items()
+        found = [
+            s.value
+            for family in self.registry.collect()
+            for s in family.samples
+            if s.name == name and want <= s.labels.items()
+        ]
+        return sum(found) if found else None
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

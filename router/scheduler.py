@@ -96,6 +96,7 @@ class TargetScheduler:
         self.target = target
         self.cfg = config
         self.metrics = metrics
+        metrics.add_model(name)
         self.decode = decode
         info = target.info
         if info is None:
@@ -215,6 +216,7 @@ class TargetScheduler:
         self.waiting.append(job)
         self.metrics.queue_depth.inc()
         self.metrics.prompt_tokens.inc(len(job.state.prompt_ids))
+        self.metrics.prompt_len.labels(self.name).observe(len(job.state.prompt_ids))
         self._admit()
         self._wake.set()
 
@@ -251,6 +253,7 @@ class TargetScheduler:
                 continue
             self.running.append(job)
             self.metrics.running.inc()
+            self.metrics.queue_time.labels(self.name).observe(now - job.t_arrival)
         self.peak_running = max(self.peak_running, len(self.running))
 
     def _take(self, lane: int) -> list[Job]:
@@ -412,7 +415,7 @@ class TargetScheduler:
         if committed:
             if job.t_first is None:
                 job.t_first = now
-                self.metrics.ttft.observe(now - job.t_arrival)
+                self.metrics.ttft.labels(self.name).observe(now - job.t_arrival)
             else:
                 self.metrics.inter_token.observe(now - job.t_last)
             job.t_last = now
@@ -450,8 +453,9 @@ class TargetScheduler:
             n = len(st.generated)
             if job.t_first is not None and job.t_last is not None:
                 if n > 1:
-                    m.tpot.observe((job.t_last - job.t_first) / (n - 1))
-                m.duration.observe(job.t_last - job.t_arrival)
+                    m.tpot.labels(self.name).observe((job.t_last - job.t_first) / (n - 1))
+                m.duration.labels(self.name).observe(job.t_last - job.t_arrival)
+            m.generation_len.labels(self.name).observe(n)
             self.served += 1
             if self.first_served_at is None:
                 self.first_served_at = clock.now()
@@ -459,14 +463,14 @@ class TargetScheduler:
                 # autoscaling e2e test) reads it from the log
                 log.info("%s: first request served", self.target.name)
         job.outcome = outcome
-        m.requests.labels(outcome or "cancelled").inc()
+        m.requests.labels(outcome or "cancelled", self.name).inc()
 
     def _fail(self, job: Job, exc: BaseException, *, outcome: str) -> None:
         if job.done:
             return
         self._remove(job)
         job.outcome = outcome
-        self.metrics.requests.labels(outcome).inc()
+        self.metrics.requests.labels(outcome, self.name).inc()
         job.events.put_nowait(exc)
 
     async def tokenize(

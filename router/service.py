@@ -149,7 +149,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         code = rich_status_for(exc).code
         call.rec.status = code.name
         if count:
-            self.router.metrics.requests.labels(_OUTCOME.get(code, "error")).inc()
+            self.router.metrics.requests.labels(_OUTCOME.get(code, "error"), call.rec.model or "").inc()
         await abort_with_async(context, exc, where=call.rec.rpc)
 
     async def _chunks(self, request, context, call: _Call) -> AsyncIterator[tuple[Job, Chunk]]:
@@ -183,13 +183,13 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
 
     def refused(self, method: str, peer: str, error: RpcStatusError) -> None:
         """A request that did not decode (specdec.rpc.decode_guard): count it and log its access line."""
-        self.router.metrics.requests.labels("invalid_argument").inc()
+        self.router.metrics.requests.labels("invalid_argument", "").inc()  # the model is unknown
         AccessRecord(method.rsplit("/", 1)[-1], peer, status=error.code.name).emit()
 
     def _turned_away(self, method: str, peer: str, code: grpc.StatusCode, outcome: str) -> None:
         rpc = method.rsplit("/", 1)[-1]
         if rpc in ("Generate", "GenerateStream"):
-            self.router.metrics.requests.labels(outcome).inc()
+            self.router.metrics.requests.labels(outcome, "").inc()  # turned away before its request was read
         AccessRecord(rpc, peer, status=code.name).emit()
 
     def denied(self, method: str, peer: str) -> None:

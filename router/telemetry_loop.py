@@ -86,7 +86,7 @@ class TelemetryLoop:
             return
         w.info = info
         self.metrics.worker_free_slots.labels(w.role, w.name).set(info.free_slots)
-        self.metrics.worker_evicted.labels(w.role, w.name).set(info.evicted)
+        self.metrics.record_evicted(w.role, w.name, info.evicted)
         if info.HasField("telemetry"):
             w.telemetry = sample_from_proto(info.telemetry)
             self.metrics.record_device(w.name, w.role, w.telemetry)

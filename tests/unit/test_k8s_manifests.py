@@ -5,13 +5,18 @@ configs/cluster.yaml, and every check is shown to fail on a broken copy.
   (helm-python-sdk, scripts/render_k8s.py), offline.
 * Core kinds: kubernetes-validate in strict mode (unknown fields are errors) for Kubernetes
   K8S_VERSIONS: the chart's floor and the newest kubernetes-validate ships.
+* Monitoring kinds (monitoring.coreos.com/v1 ServiceMonitor, PodMonitor, PrometheusRule): their
+  CRDs are not in kubernetes-validate, nor vendored here, so a minimal structural schema of the
+  fields the chart sets (unknown fields are errors); the agreement checks do the rest.
 * RayCluster: the openAPIV3Schema of KubeRay 1.7.0's CRD (../shared/schemas/kuberay/, beside the
   clone), made strict like the API server's strict field validation; its two CEL rules concern
   fields the chart does not set. Its pod templates also validate as core PodTemplates.
 * Agreement: the Ray resource names and the router's ports of configs/cluster.yaml (the one
   source) in the serve config, worker groups, container ports, probes, Service and scrape
-  annotations; GPUs, threads and pool sizes fit the pods; Ray's own KubeRay autoscaler code sees
-  a node type with room for every pool's actors; the GPU overlay is cluster.yaml.
+  annotations; Ray's metrics ports named `metrics`; the monitors select the router's Service and
+  the Ray pods; the PrometheusRule and the dashboard ConfigMap are the chart's files unchanged;
+  GPUs, threads and pool sizes fit the pods; Ray's own KubeRay autoscaler code sees a node type
+  with room for every pool's actors; the GPU overlay is cluster.yaml.
 * Dockerfile: hadolint, and the image rules (python:3.11-slim, no model weights).
 """
 
@@ -63,7 +68,21 @@ OVERLAYS = {  # name: (values file, overrides)
     ),
     "cpu-demo-api-tls": (K8S / "values-cpu-demo.yaml", {"router": {"tls": {"secretName": "specdec-api-tls"}}}),
     "cpu-demo-api-tokens": (K8S / "values-cpu-demo.yaml", {"router": {"tokensSecretName": "specdec-api-tokens"}}),
+    "gpu-monitoring": (
+        K8S / "values-gpu.yaml",
+        {
+            "monitoring": {
+                "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+                "podMonitor": {"enabled": True},
+                "prometheusRule": {"enabled": True},
+                "dashboard": {"enabled": True},
+            },
+            "router": {"logFormat": "json"},
+        },
+    ),
 }
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+CHART_FILES = K8S / "specdec" / "files"
 
 
 def _load_renderer():
@@ -125,6 +144,71 @@ def raycluster_validator() -> jsonschema.Draft7Validator:
     return jsonschema.Draft7Validator(schema)
 
 
+def _closed(properties: dict, required: tuple[str, ...] = ()) -> dict:
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+_STR = {"type": "string"}
+_LABELS = {"type": "object", "additionalProperties": _STR}
+_METADATA = {"type": "object", "required": ["name"], "properties": {"name": _STR, "labels": _LABELS}}
+_SELECTOR = _closed(
+    {
+        "matchLabels": _LABELS,
+        "matchExpressions": {
+            "type": "array",
+            "items": _closed(
+                {
+                    "key": _STR,
+                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                    "values": {"type": "array"},
+                },
+                ("key", "operator"),
+            ),
+        },
+    }
+)
+_ENDPOINTS = {
+    "type": "array",
+    "minItems": 1,
+    "items": _closed({"port": _STR, "path": _STR, "interval": _STR}, ("port",)),
+}
+_RULE = _closed(
+    {
+        "alert": _STR,
+        "record": _STR,
+        "expr": _STR,
+        "for": _STR,
+        "labels": _LABELS,
+        "annotations": _LABELS,
+    },
+    ("expr",),
+)
+_GROUPS = {
+    "type": "array",
+    "minItems": 1,
+    "items": _closed({"name": _STR, "interval": _STR, "rules": {"type": "array", "items": _RULE}}, ("name", "rules")),
+}
+# The fields of prometheus-operator's CRDs (monitoring.coreos.com/v1) that the chart sets.
+MONITORING_SCHEMAS = {
+    kind: _closed(
+        {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": kind},
+            "metadata": _METADATA,
+            "spec": spec,
+        },
+        ("apiVersion", "kind", "metadata", "spec"),
+    )
+    for kind, spec in {
+        "ServiceMonitor": _closed({"selector": _SELECTOR, "endpoints": _ENDPOINTS}, ("selector", "endpoints")),
+        "PodMonitor": _closed(
+            {"selector": _SELECTOR, "podMetricsEndpoints": _ENDPOINTS}, ("selector", "podMetricsEndpoints")
+        ),
+        "PrometheusRule": _closed({"groups": _GROUPS}, ("groups",)),
+    }.items()
+}
+
+
 # --------------------------------------------------------------------------- the checks
 
 
@@ -147,6 +231,9 @@ def check_schemas(doc: dict) -> None:
             )
         for name, template in pod_templates(doc).items():
             check_schemas({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": template})
+        return
+    if doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] in MONITORING_SCHEMAS:
+        jsonschema.validate(doc, MONITORING_SCHEMAS[doc["kind"]])
         return
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(doc, version, strict=True)  # SchemaNotFoundError for unknown kinds
@@ -203,7 +290,8 @@ def check_agreement(docs: list[dict], cluster: dict) -> None:
     port, metrics_port = cluster["router"]["port"], cluster["router"]["metrics_port"]
     names = {role: set(cluster[role]["placement"]["resources"]) for role in ("target", "draft")}
 
-    cm, rc, svc = _one(docs, "ConfigMap"), _one(docs, "RayCluster"), _service(docs)
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-serve")]
+    rc, svc = _one(docs, "RayCluster"), _service(docs)
     serve = yaml.safe_load(cm["data"]["serve.yaml"])
     cfg = ServeConfig.from_dict(serve)  # the same strict parser `specdec serve` uses
     assert serve["ray"]["address"] == "auto"
@@ -240,20 +328,56 @@ def check_agreement(docs: list[dict], cluster: dict) -> None:
     assert cfg_vol["configMap"]["name"] == cm["metadata"]["name"]
     assert {"name": cfg_vol["name"], "mountPath": "/etc/specdec", "readOnly": True} in router["volumeMounts"]
     ports = {p["name"]: p["containerPort"] for p in router["ports"]}
-    assert ports == {"grpc": port, "metrics": metrics_port}, f"router container ports {ports}"
+    assert ports == {"grpc": port, "router-metrics": metrics_port}, f"router container ports {ports}"
     probes = [probe_target(router[k]) for k in ("startupProbe", "readinessProbe", "livenessProbe")]
     assert all(p == port for p, _ in probes), "probes on the API port"
     assert probes[1][1] == HEALTH_SERVICE, "readiness: the Generation service (NOT_SERVING while draining)"
     assert head["metadata"]["annotations"]["prometheus.io/port"] == str(metrics_port), "scrape annotation"
     assert "prometheus.io/scrape" not in (svc["metadata"].get("annotations") or {}), "scraped twice"
     svc_ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
-    assert svc_ports == {"grpc": (port, "grpc"), "metrics": (metrics_port, "metrics")}, f"Service {svc_ports}"
+    assert svc_ports == {"grpc": (port, "grpc"), "metrics": (metrics_port, "router-metrics")}, f"Service {svc_ports}"
     labels = {t: tmpl["metadata"]["labels"] for t, tmpl in pod_templates(rc).items()}
     assert svc["spec"]["selector"].items() <= labels["head"].items(), "the Service selects the head pod"
     for pdb in (d for d in docs if d["kind"] == "PodDisruptionBudget"):
         sel = pdb["spec"]["selector"]["matchLabels"].items()
         assert sum(sel <= lab.items() for lab in labels.values()) == 1, f"{pdb['metadata']['name']} selects no group"
     check_gateway(docs, cfg, cluster, svc)
+    check_monitoring(docs, rc, svc)
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels and In expressions, as the chart writes them) against labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    return all(labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", []))
+
+
+def check_monitoring(docs: list[dict], rc: dict, svc: dict) -> None:
+    """Ray's metrics ports as KubeRay names them; the monitors, rules and dashboard when enabled."""
+    templates = pod_templates(rc)
+    for name, template in templates.items():
+        ray = template["spec"]["containers"][0]  # the Ray container: KubeRay's container 0
+        assert {"name": "metrics", "containerPort": 8080} in ray["ports"], f"{name}: Ray's metrics port {ray['ports']}"
+    for kind in ("ServiceMonitor", "PodMonitor"):
+        for m in (d for d in docs if d["kind"] == kind):
+            endpoints = m["spec"]["endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"]
+            assert [e["port"] for e in endpoints] == ["metrics"]
+    for sm in (d for d in docs if d["kind"] == "ServiceMonitor"):
+        services = [
+            d for d in docs if d["kind"] == "Service" and _selects(sm["spec"]["selector"], d["metadata"]["labels"])
+        ]
+        assert services == [svc], f"the ServiceMonitor selects {[s['metadata']['name'] for s in services]}"
+    for pm in (d for d in docs if d["kind"] == "PodMonitor"):
+        pods = {n for n, t in templates.items() if _selects(pm["spec"]["selector"], t["metadata"]["labels"])}
+        assert pods == set(templates), f"the PodMonitor selects {pods} of {set(templates)}"
+        for d in docs:
+            if d["kind"] == "Deployment":
+                assert not _selects(pm["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])
+    for rule in (d for d in docs if d["kind"] == "PrometheusRule"):
+        assert rule["spec"] == yaml.safe_load((CHART_FILES / "alerts.yaml").read_text()), "not files/alerts.yaml"
+    for cm in (d for d in docs if d["kind"] == "ConfigMap" and "specdec.json" in d.get("data", {})):
+        assert cm["metadata"]["labels"].get("grafana_dashboard") == "1", "the Grafana sidecar's label"
+        assert cm["data"]["specdec.json"] == (CHART_FILES / "dashboard.json").read_text().rstrip("\n")
 
 
 def check_gateway(docs: list[dict], cfg: ServeConfig, cluster: dict, svc: dict) -> None:
@@ -283,7 +407,9 @@ def check_gateway(docs: list[dict], cfg: ServeConfig, cluster: dict, svc: dict) 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_manifests_validate(overlay):
     docs = rendered(overlay)
-    assert {d["kind"] for d in docs} - {"Deployment"} == {"ConfigMap", "RayCluster", "Service", "PodDisruptionBudget"}
+    kinds = {d["kind"] for d in docs} - {"Deployment"}
+    assert kinds - MONITORING_KINDS == {"ConfigMap", "RayCluster", "Service", "PodDisruptionBudget"}
+    assert (overlay == "gpu-monitoring") == (kinds >= MONITORING_KINDS), "monitoring is off by default"
     for doc in docs:
         check_schemas(doc)
 
@@ -344,10 +470,12 @@ def test_ray_token_auth_is_on_and_reaches_the_router():
 # --------------------------------------------------------------------------- broken copies
 
 
-def _break(kind: str, edit, overlay: str = "gpu") -> tuple[list[dict], dict]:
-    """The overlay's manifests with ``edit`` applied to the first of ``kind``; (docs, that doc)."""
+def _break(kind: str, edit, overlay: str = "gpu-monitoring") -> tuple[list[dict], dict]:
+    """The overlay's manifests with ``edit`` applied to the first of ``kind`` (``Kind:suffix``: the
+    first whose name ends so); (docs, that doc). The default overlay is the GPU one with monitoring."""
     docs = rendered(overlay)
-    doc = next(d for d in docs if d["kind"] == kind)
+    kind, _, suffix = kind.partition(":")
+    doc = next(d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix))
     edit(doc)
     return docs, doc
 
@@ -368,6 +496,15 @@ BROKEN_SCHEMA = {
     "RayCluster: upscaling mode not in the enum": (
         "RayCluster",
         lambda d: d["spec"]["autoscalerOptions"].update(upscalingMode="Fast"),
+    ),
+    "ServiceMonitor: misspelt endpoints": (
+        "ServiceMonitor",
+        lambda d: d["spec"].update(endpoint=d["spec"].pop("endpoints")),
+    ),
+    "PodMonitor: endpoint without a port": ("PodMonitor", lambda d: d["spec"]["podMetricsEndpoints"][0].pop("port")),
+    "PrometheusRule: a rule with no expression": (
+        "PrometheusRule",
+        lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr"),
     ),
     "pod template: named port in a gRPC probe": (
         "RayCluster",
@@ -391,9 +528,15 @@ def test_broken_manifest_fails_validation(case):
 
 
 def test_unknown_kind_fails_validation():
-    monitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": {"name": "x"}}
+    widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "x"}}
     with pytest.raises(kubernetes_validate.SchemaNotFoundError):
-        check_schemas(monitor)
+        check_schemas(widget)
+
+
+def test_router_logs_json_when_asked():
+    for overlay, fmt in (("gpu", "text"), ("gpu-monitoring", "json")):
+        args = " ".join(_router(_one(rendered(overlay), "RayCluster"))["args"])
+        assert f"--config /etc/specdec/serve.yaml --log-format {fmt}" in args, overlay
 
 
 def _router(d):
@@ -446,6 +589,28 @@ BROKEN_AGREEMENT = {
     "gateway started by the router too": (
         "ConfigMap",
         lambda d: _edit_serve(d, lambda cfg: cfg["router"].update(http_port=8000)),
+    ),
+    "Ray's metrics port name": (
+        "RayCluster",
+        lambda d: d["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["ports"][0].update(
+            name="ray-metrics"
+        ),
+    ),
+    "ServiceMonitor selecting the gateway": (
+        "ServiceMonitor",
+        lambda d: d["spec"]["selector"]["matchLabels"].pop("app.kubernetes.io/component"),
+    ),
+    "PodMonitor leaving out the workers": (
+        "PodMonitor",
+        lambda d: d["spec"]["selector"]["matchExpressions"][0].update(values=["head"]),
+    ),
+    "PrometheusRule edited in the chart": (
+        "PrometheusRule",
+        lambda d: d["spec"]["groups"][0]["rules"][0].update(expr="vector(1)"),
+    ),
+    "dashboard without the sidecar label": (
+        "ConfigMap:-dashboard",
+        lambda d: d["metadata"]["labels"].pop("grafana_dashboard"),
     ),
     "PDB selector": (
         "PodDisruptionBudget",

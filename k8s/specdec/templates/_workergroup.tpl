@@ -47,7 +47,7 @@
           image: {{ include "specdec.image" .root }}
           imagePullPolicy: {{ $v.image.pullPolicy }}
           ports:
-            - {name: ray-metrics, containerPort: 8080}
+            - {name: metrics, containerPort: 8080}     # Ray's own metrics, named as KubeRay expects
           env:
             {{- include "specdec.env" .root | nindent 12 }}
           {{- $res := deepCopy $g.resources }}
