@@ -455,15 +455,28 @@ def _add_gateway_overhead(results: list[dict]) -> None:
         if lat_http is None or lat_grpc is None:
             continue
         per_request = 1000.0 * (lat_http - lat_grpc)
+        one_client = (r["kind"], r["x"]) == ("closed", 1)
         s, gs = r["summary"], g["summary"]
         s["gateway"] = {
             "ms_per_request": round(per_request, 2),
+            "ms_per_request_paired": _paired_ms(g["records"], r["records"]) if one_client else None,
             "chunks_p50": chunks,
             "ms_per_chunk": round(per_request / chunks, 3) if chunks else None,
             "ttft_ms_p50": None
             if s["ttft_ms_p50"] is None or gs["ttft_ms_p50"] is None
             else round(s["ttft_ms_p50"] - gs["ttft_ms_p50"], 2),
         }
+
+
+def _paired_ms(base: list[dict], other: list[dict]) -> float | None:
+    """At one client the requests run in prompt order (interleaved: the two APIs' requests of a prompt
+    back to back): p50 of the per-prompt latency differences, which the prompts' own spread and the
+    machine's drift move far less than the difference of the two p50s."""
+    pairs = [(a, b) for a, b in zip(base, other) if a["id"] == b["id"] and not a.get("error") and not b.get("error")]
+    if len(pairs) != len(base) or len(base) != len(other):
+        return None
+    d = percentile([(b["t_end"] - b["t_start"]) - (a["t_end"] - a["t_start"]) for a, b in pairs], 50)
+    return None if d is None else round(1000.0 * d, 2)
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -537,6 +550,11 @@ def format_table(result: dict[str, Any]) -> str:
             f"  {r['scenario']} {r['mode']}: {g['ms_per_request']:+.1f} ms per request, "
             f"{f(g['ms_per_chunk'], 3)} ms per chunk ({f(g['chunks_p50'], 0)} chunks), "
             f"TTFT p50 {f(g['ttft_ms_p50'], 1)} ms"
+            + (
+                f"; paired by prompt {g['ms_per_request_paired']:+.1f} ms"
+                if g["ms_per_request_paired"] is not None
+                else ""
+            )
         )
     for r in result["results"]:
         api = f" {r['api']}" if r.get("api") and len(result["options"].get("apis") or ()) > 1 else ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
 import threading
 import time
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from specdec.bench.serve import BenchOptions
 
 __all__ = ["HttpRunner"]
+
+# httpx logs every request at INFO: thousands of lines would bury the benchmark's progress.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _tls(credentials: ClientCredentials) -> ssl.SSLContext | bool:

@@ -304,5 +304,7 @@ def test_bench_serve_drives_grpc_and_http_alike(http, smollm_path):
         s = runs["http"]["summary"]
         assert s["errors"] == 0 and s["tokens"] == runs["grpc"]["summary"]["tokens"]
         assert s["ttft_ms_p50"] is not None and s["tpot_ms_p50"] is not None
-        assert set(s["gateway"]) == {"ms_per_request", "chunks_p50", "ms_per_chunk", "ttft_ms_p50"}
+        gateway = s["gateway"]
+        assert set(gateway) == {"ms_per_request", "ms_per_request_paired", "chunks_p50", "ms_per_chunk", "ttft_ms_p50"}
+        assert None not in gateway.values()  # one client: the requests pair by prompt
         assert "gateway overhead" in format_table(result)
