@@ -11,6 +11,11 @@ When the router's ``/metrics`` is reachable, each scenario also reports where th
 and the sequential bound tau / (k c + 1) from the measured tau. The single-process engine at batch
 1 is passed in by the CLI (an object with ``one(prompt, max_tokens)``; it needs torch, which this
 module never imports) and interleaved with the service's closed c=1 requests.
+
+``apis`` (grpc, http): each scenario and mode runs once per API with the same prompts and settings,
+HTTP through the OpenAI-compatible gateway (specdec/bench/serve_http.py); each result carries its
+``api``, and an HTTP result beside a gRPC one carries the gateway's overhead (latency p50 difference,
+per request and per streamed chunk).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from specdec.bench.serve_http import HttpRunner
 from specdec.bench.serve_metrics import add_cost, phase_split, scrape, sum_splits
 from specdec.bench.stats import percentile
 from specdec.core.prompts import Prompt
@@ -53,6 +59,8 @@ class BenchOptions:
     metrics_url: str | None = "auto"
     timeout: float = 600.0
     interleave: bool = True  # closed c=1: alternate the modes (and the engine) request by request
+    apis: tuple[str, ...] = ("grpc",)  # grpc, http: the same scenarios through each
+    http_url: str | None = None  # the gateway (http://HOST:PORT); None: the server's host, port 8000
 
 
 def _ms(x: float | None) -> float | None:
@@ -91,9 +99,11 @@ class _Runner:
         rec: dict[str, Any] = {
             "id": prompt.id,
             "mode": mode,
+            "api": "grpc",
             "t_start": time.perf_counter(),
             "t_first": None,
             "t_last": None,
+            "t_chunks": [],
             "tokens": 0,
             "token_ids": [],
             "stats": None,
@@ -122,6 +132,7 @@ class _Runner:
             if ch.token_ids:
                 rec["t_first"] = rec["t_first"] or ch.time
                 rec["t_last"] = ch.time
+                rec["t_chunks"].append(ch.time)
                 rec["token_ids"].extend(ch.token_ids)
             if ch.finish_reason:
                 rec["finish_reason"] = ch.finish_reason
@@ -219,38 +230,42 @@ def _poisson(runner: _Runner, prompts: list[Prompt], n: int, rate: float, mode: 
 
 
 def _interleaved(
-    runner: _Runner, prompts: list[Prompt], n: int, modes: Sequence[str], engine: Any, url: str | None
+    runners: dict[str, Any], prompts: list[Prompt], n: int, modes: Sequence[str], engine: Any, url: str | None
 ) -> list[dict]:
-    """Closed loop at c=1 with the modes (and the engine) alternating request by request, so a
-    machine whose load drifts during the run biases none of them. Wall per mode = the sum of its
-    requests' durations; the round split is scraped around each service request."""
-    names = list(modes) + (["engine"] if engine is not None else [])
-    recs: dict[str, list] = {m: [] for m in names}
-    splits: dict[str, list] = {m: [] for m in modes}
+    """Closed loop at c=1 with the modes and APIs (and the engine) alternating request by request, so
+    a machine whose load drifts during the run biases none of them. Wall per (api, mode) = the sum of
+    its requests' durations; the round split is scraped around each service request."""
+    names: list[tuple[str | None, str]] = [(api, m) for m in modes for api in runners]
+    if engine is not None:
+        names.append((None, "engine"))
+    max_tokens = next(iter(runners.values())).options.max_tokens
+    recs: dict[tuple, list] = {name: [] for name in names}
+    splits: dict[tuple, list] = {name: [] for name in names}
     for i in range(n):
         prompt = prompts[i % len(prompts)]
-        for m in names:
-            if m == "engine":
-                recs[m].append(engine.one(prompt, runner.options.max_tokens))
+        for api, m in names:
+            if api is None:
+                recs[(api, m)].append(engine.one(prompt, max_tokens))
                 continue
             before = scrape(url)
-            recs[m].append(runner.one(prompt, m))
-            splits[m].append((before, scrape(url)))
+            recs[(api, m)].append(runners[api].one(prompt, m))
+            splits[(api, m)].append((before, scrape(url)))
     out = []
-    for m in names:
-        wall = sum(r["t_end"] - r["t_start"] for r in recs[m])
-        summary = summarize(recs[m], wall)
-        if m != "engine" and url:
-            summary["split"] = sum_splits(splits[m])
+    for api, m in names:
+        wall = sum(r["t_end"] - r["t_start"] for r in recs[(api, m)])
+        summary = summarize(recs[(api, m)], wall)
+        if api is not None and url:
+            summary["split"] = sum_splits(splits[(api, m)])
         out.append(
             {
                 "scenario": "closed c=1",
                 "kind": "closed",
                 "x": 1,
                 "mode": m,
+                "api": api,
                 "summary": summary,
-                "records": recs[m],
-                **({"config": engine.config} if m == "engine" else {}),
+                "records": recs[(api, m)],
+                **({"config": engine.config} if api is None else {}),
             }
         )
     return out
@@ -293,6 +308,8 @@ def bench_serve(
     progress = progress or (lambda msg: None)
     if not prompts:
         raise BenchError("no prompts")
+    if not options.apis or set(options.apis) - {"grpc", "http"}:
+        raise BenchError(f"--api: grpc and/or http (got {','.join(options.apis)})")
     info = server_info(address, credentials)
     client = SpecdecClient(address, wait_ready=30.0, credentials=credentials)
     url = options.metrics_url
@@ -303,49 +320,96 @@ def bench_serve(
     if url and scrape(url) is None:
         progress(f"no router metrics at {url}: no time split")
         url = None
-    runner = _Runner(client, options, encode)
+    runners = _runners(address, client, options, encode, credentials)
     n = options.requests or len(prompts)
-    if options.warmup:
-        progress("warm-up")
-        for mode in options.modes:
-            runner.one(prompts[0], mode, max_tokens=8)
+    try:
+        if options.warmup:
+            progress("warm-up")
+            for api, runner in runners.items():
+                for mode in options.modes:
+                    rec = runner.one(prompts[0], mode, max_tokens=8)
+                    if api == "http" and rec["error"]:  # the gateway is not there: say so once, not per request
+                        raise BenchError(f"{runner.url}: {rec['error']}")
+        results = _scenarios(runners, prompts, n, options, engine, url, progress)
+    finally:
+        client.close()
+        if "http" in runners:
+            runners["http"].close()
+    for r in results:
+        add_cost(r["summary"])
+    _add_ratios(results, options.modes)
+    _add_engine_ratios(results)
+    _add_gateway_overhead(results)
+    return {"server": info, "options": asdict(options), "results": results}
+
+
+def _runners(
+    address: str,
+    client: SpecdecClient,
+    options: BenchOptions,
+    encode: Callable[[Prompt], list[int]] | None,
+    credentials: ClientCredentials | None,
+) -> dict[str, Any]:
+    runners: dict[str, Any] = {}
+    for api in options.apis:
+        if api == "grpc":
+            runners[api] = _Runner(client, options, encode)
+        else:
+            url = options.http_url or f"http://{address.rsplit(':', 1)[0]}:8000"
+            runners[api] = HttpRunner(url, options, encode, credentials)
+    return runners
+
+
+def _scenarios(
+    runners: dict[str, Any],
+    prompts: list[Prompt],
+    n: int,
+    options: BenchOptions,
+    engine: Any,
+    url: str | None,
+    progress: Callable[[str], None],
+) -> list[dict]:
     scenarios = [("closed", c) for c in options.concurrency] + [("poisson", r) for r in options.rates]
     results = []
     for kind, x in scenarios:
         if kind == "closed" and x == 1 and options.interleave:
             progress(
-                f"closed c=1, modes {', '.join(options.modes)}{' + engine' if engine else ''} interleaved: "
-                f"{n} requests each"
+                f"closed c=1, modes {', '.join(options.modes)}{' + engine' if engine else ''}, "
+                f"api {', '.join(runners)} interleaved: {n} requests each"
             )
-            results.extend(_interleaved(runner, prompts, n, options.modes, engine, url))
+            results.extend(_interleaved(runners, prompts, n, options.modes, engine, url))
             continue
         for mode in options.modes:
-            name = f"closed c={x}" if kind == "closed" else f"poisson {x}/s"
-            progress(f"{name}, mode {mode}: {n} requests")
-            before = scrape(url)
-            if kind == "closed":
-                records, wall = _closed_loop(runner, prompts, n, int(x), mode)
-            else:
-                records, wall = _poisson(runner, prompts, n, float(x), mode, options.seed)
-            summary = summarize(records, wall)
-            split = phase_split(before, scrape(url))
-            if split is not None:
-                summary["split"] = split
-            results.append(
-                {"scenario": name, "kind": kind, "x": x, "mode": mode, "summary": summary, "records": records}
-            )
-    client.close()
-    for r in results:
-        add_cost(r["summary"])
-    _add_ratios(results, options.modes)
-    _add_engine_ratios(results)
-    return {"server": info, "options": asdict(options), "results": results}
+            for api, runner in runners.items():
+                name = f"closed c={x}" if kind == "closed" else f"poisson {x}/s"
+                progress(f"{name}, mode {mode}, api {api}: {n} requests")
+                before = scrape(url)
+                if kind == "closed":
+                    records, wall = _closed_loop(runner, prompts, n, int(x), mode)
+                else:
+                    records, wall = _poisson(runner, prompts, n, float(x), mode, options.seed)
+                summary = summarize(records, wall)
+                split = phase_split(before, scrape(url))
+                if split is not None:
+                    summary["split"] = split
+                results.append(
+                    {
+                        "scenario": name,
+                        "kind": kind,
+                        "x": x,
+                        "mode": mode,
+                        "api": api,
+                        "summary": summary,
+                        "records": records,
+                    }
+                )
+    return results
 
 
 def _add_ratios(results: list[dict], modes: Sequence[str]) -> None:
-    base = {r["scenario"]: r["summary"] for r in results if r["mode"] == "off"}
+    base = {(r["api"], r["scenario"]): r["summary"] for r in results if r["mode"] == "off"}
     for r in results:
-        off = base.get(r["scenario"])
+        off = base.get((r["api"], r["scenario"]))
         s = r["summary"]
         if off and r["mode"] not in ("off", "engine") and off.get("throughput_tok_s") and s.get("throughput_tok_s"):
             s["speedup_vs_off"] = round(s["throughput_tok_s"] / off["throughput_tok_s"], 3)
@@ -360,15 +424,59 @@ def _add_engine_ratios(results: list[dict]) -> None:
         return
     es = eng["summary"]
     by_id = {e["id"]: e["token_ids"] for e in eng["records"] if not e.get("error")}
+    # an HTTP stream carries no token ids (token_ids None): no agreement for it
     for r in results:
         if r["kind"] != "closed" or r["x"] != 1 or r["mode"] == "engine":
             continue
         s = r["summary"]
         if s.get("throughput_tok_s") and es.get("throughput_tok_s"):
             s["service_vs_engine"] = round(s["throughput_tok_s"] / es["throughput_tok_s"], 3)
-        pairs = [(x["token_ids"], by_id[x["id"]]) for x in r["records"] if x["id"] in by_id and not x.get("error")]
+        pairs = [
+            (x["token_ids"], by_id[x["id"]])
+            for x in r["records"]
+            if x["id"] in by_id and not x.get("error") and x["token_ids"] is not None
+        ]
         if pairs:
             s["agreement_with_engine"] = round(sum(a == b for a, b in pairs) / len(pairs), 3)
+
+
+def _add_gateway_overhead(results: list[dict]) -> None:
+    """On each HTTP result with a gRPC one of the same scenario and mode: what the gateway added, the
+    p50 latency difference per request and per streamed chunk (over the HTTP requests' p50 chunks)."""
+    grpc_runs = {(r["scenario"], r["mode"]): r for r in results if r["api"] == "grpc"}
+    for r in results:
+        g = grpc_runs.get((r["scenario"], r["mode"]))
+        if r["api"] != "http" or g is None:
+            continue
+        ok = [x for x in r["records"] if not x.get("error")]
+        lat_http = percentile([x["t_end"] - x["t_start"] for x in ok], 50)
+        lat_grpc = percentile([x["t_end"] - x["t_start"] for x in g["records"] if not x.get("error")], 50)
+        chunks = percentile([len(x["t_chunks"]) for x in ok], 50)
+        if lat_http is None or lat_grpc is None:
+            continue
+        per_request = 1000.0 * (lat_http - lat_grpc)
+        one_client = (r["kind"], r["x"]) == ("closed", 1)
+        s, gs = r["summary"], g["summary"]
+        s["gateway"] = {
+            "ms_per_request": round(per_request, 2),
+            "ms_per_request_paired": _paired_ms(g["records"], r["records"]) if one_client else None,
+            "chunks_p50": chunks,
+            "ms_per_chunk": round(per_request / chunks, 3) if chunks else None,
+            "ttft_ms_p50": None
+            if s["ttft_ms_p50"] is None or gs["ttft_ms_p50"] is None
+            else round(s["ttft_ms_p50"] - gs["ttft_ms_p50"], 2),
+        }
+
+
+def _paired_ms(base: list[dict], other: list[dict]) -> float | None:
+    """At one client the requests run in prompt order (interleaved: the two APIs' requests of a prompt
+    back to back): p50 of the per-prompt latency differences, which the prompts' own spread and the
+    machine's drift move far less than the difference of the two p50s."""
+    pairs = [(a, b) for a, b in zip(base, other) if a["id"] == b["id"] and not a.get("error") and not b.get("error")]
+    if len(pairs) != len(base) or len(base) != len(other):
+        return None
+    d = percentile([(b["t_end"] - b["t_start"]) - (a["t_end"] - a["t_start"]) for a, b in pairs], 50)
+    return None if d is None else round(1000.0 * d, 2)
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -379,6 +487,7 @@ def format_table(result: dict[str, Any]) -> str:
     cols = [
         "scenario",
         "mode",
+        "api",
         "req",
         "err",
         "tok/s",
@@ -407,6 +516,7 @@ def format_table(result: dict[str, Any]) -> str:
             [
                 r["scenario"],
                 r["mode"],
+                f(r.get("api")),
                 f(s["requests"]),
                 f(s["errors"]),
                 f(s["throughput_tok_s"]),
@@ -426,24 +536,40 @@ def format_table(result: dict[str, Any]) -> str:
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     for row in rows:
-        lines.append("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        lines.append("  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
     lines.append(
         "(ms; tok/s = generated tokens / wall; tau, k = tokens and draft tokens per request-round; c = draft "
         "wait per draft step / verify time; bound = tau / (k c + 1), sequential)"
     )
+    gateway = [r for r in result["results"] if r["summary"].get("gateway")]
+    if gateway:
+        lines.append("gateway overhead, HTTP - gRPC (p50 latency difference; per chunk: over the p50 streamed chunks):")
+    for r in gateway:
+        g = r["summary"]["gateway"]
+        lines.append(
+            f"  {r['scenario']} {r['mode']}: {g['ms_per_request']:+.1f} ms per request, "
+            f"{f(g['ms_per_chunk'], 3)} ms per chunk ({f(g['chunks_p50'], 0)} chunks), "
+            f"TTFT p50 {f(g['ttft_ms_p50'], 1)} ms"
+            + (
+                f"; paired by prompt {g['ms_per_request_paired']:+.1f} ms"
+                if g["ms_per_request_paired"] is not None
+                else ""
+            )
+        )
     for r in result["results"]:
+        api = f" {r['api']}" if r.get("api") and len(result["options"].get("apis") or ()) > 1 else ""
         split = r["summary"].get("split")
         if split:
             parts = [
                 f"{k.replace('_ms_per_round', '')} {v:.1f}" for k, v in split.items() if k.endswith("_ms_per_round")
             ]
             extra = f", pre-draft hit rate {split['predraft_hit_rate']:.2f}" if "predraft_hit_rate" in split else ""
-            lines.append(f"  {r['scenario']} {r['mode']}: per round (ms): {', '.join(parts)}{extra}")
+            lines.append(f"  {r['scenario']} {r['mode']}{api}: per round (ms): {', '.join(parts)}{extra}")
         if r["summary"].get("agreement_with_engine") is not None:
             lines.append(
                 f"  {r['scenario']} {r['mode']}: greedy output equal to the engine's for "
                 f"{r['summary']['agreement_with_engine']:.0%} of requests"
             )
         if r["summary"].get("first_error"):
-            lines.append(f"  {r['scenario']} {r['mode']}: first error: {r['summary']['first_error']}")
+            lines.append(f"  {r['scenario']} {r['mode']}{api}: first error: {r['summary']['first_error']}")
     return "\n".join(lines)

@@ -278,6 +278,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
         seed=args.seed,
         metrics_url=args.metrics_url,
         timeout=args.timeout,
+        apis=tuple(args.api),
+        http_url=args.http,
     )
 
     def progress(msg: str) -> None:
@@ -377,6 +379,20 @@ def _add_bench_serve_parser(bsub: argparse._SubParsersAction) -> None:
         default=["auto", "off"],
         metavar="MODE,...",
         help="speculation modes to compare (auto, draft, ngram, off)",
+    )
+    p.add_argument(
+        "--api",
+        type=lambda s: [a for a in s.split(",") if a],
+        default=["grpc"],
+        metavar="API,...",
+        help="grpc and/or http (the OpenAI-compatible gateway, streaming completions): each scenario through "
+        "each, same prompts and settings, with the gateway's overhead per request and per chunk",
+    )
+    p.add_argument(
+        "--http",
+        default=None,
+        metavar="URL",
+        help="the gateway for --api http (default: http://<the server's host>:8000)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
     p.add_argument(

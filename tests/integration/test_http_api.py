@@ -271,3 +271,40 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slots(http):
     while http.svc.metric("specdec_requests_total", {"outcome": "cancelled"}) <= before:
         assert time.monotonic() < t_end
         time.sleep(0.05)
+
+
+def test_bench_serve_drives_grpc_and_http_alike(http, smollm_path):
+    """`specdec bench serve --api grpc,http`: the same greedy requests through both APIs, as text (a raw
+    prompt to /v1/completions, a chat prompt to /v1/chat/completions) and as token ids."""
+    from transformers import AutoTokenizer
+
+    from specdec.bench.serve import BenchOptions, bench_serve, format_table
+    from specdec.core.prompts import Prompt, encode
+
+    prompts = [Prompt("raw", PROMPT, False), Prompt("chat", "Name a primary color.", True)]
+    tokenizer = AutoTokenizer.from_pretrained(smollm_path)
+    for enc in (None, lambda p: encode(tokenizer, p)):
+        options = BenchOptions(
+            max_tokens=N, requests=3, modes=("auto",), apis=("grpc", "http"), http_url=http.url, metrics_url="none"
+        )
+        result = bench_serve(
+            http.svc.router.address, prompts, options, encode=enc, credentials=ClientCredentials(token=TOKEN)
+        )
+        runs = {r["api"]: r for r in result["results"]}
+        assert set(runs) == {"grpc", "http"} and {r["scenario"] for r in result["results"]} == {"closed c=1"}
+        by_grpc, by_http = runs["grpc"]["records"], runs["http"]["records"]
+        assert [r["id"] for r in by_http] == [r["id"] for r in by_grpc] == ["raw", "chat", "raw"]
+        for g, h in zip(by_grpc, by_http):
+            assert g["error"] is None and h["error"] is None and h["api"] == "http" and g["api"] == "grpc"
+            assert h["tokens"] == g["tokens"] == len(g["token_ids"]) > 0  # usage counts the same greedy tokens
+            assert h["finish_reason"] == g["finish_reason"]
+            chunks = h["t_chunks"]
+            assert chunks and chunks == sorted(chunks) and (chunks[0], chunks[-1]) == (h["t_first"], h["t_last"])
+            assert h["t_start"] <= h["t_first"] <= h["t_last"] <= h["t_end"]
+        s = runs["http"]["summary"]
+        assert s["errors"] == 0 and s["tokens"] == runs["grpc"]["summary"]["tokens"]
+        assert s["ttft_ms_p50"] is not None and s["tpot_ms_p50"] is not None
+        gateway = s["gateway"]
+        assert set(gateway) == {"ms_per_request", "ms_per_request_paired", "chunks_p50", "ms_per_chunk", "ttft_ms_p50"}
+        assert None not in gateway.values()  # one client: the requests pair by prompt
+        assert "gateway overhead" in format_table(result)
