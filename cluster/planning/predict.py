@@ -216,7 +216,8 @@ def compare(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[st
     """Per scenario and mode: predicted, measured and the relative error of each metric; the
     draws' band of the prediction, and for the medians the run's own (:func:`bootstrap_band` over
     its requests' records, where the result keeps them)."""
-    meas = {(r["scenario"], r["mode"]): r for r in measured.get("results", [])}
+    # The simulator models the gRPC API: HTTP rows of a `bench serve --api grpc,http` run are not compared.
+    meas = {(r["scenario"], r["mode"]): r for r in measured.get("results", []) if r.get("api", "grpc") == "grpc"}
     rows = []
     for r in predicted["results"]:
         run = meas.get((r["scenario"], r["mode"]))
