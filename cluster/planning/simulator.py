@@ -296,11 +296,12 @@ class _Stream:
 
 
 def _counters(counter: Any) -> dict[str, float]:
-    """A labelled Prometheus counter's values by label (the router's rebalance actions)."""
+    """A labelled Prometheus counter's non-zero values by label (the router's rebalance actions
+    taken; the metrics create every action's series at 0)."""
     out: dict[str, float] = {}
     for fam in counter.collect():
         for sample in fam.samples:
-            if sample.name.endswith("_total"):
+            if sample.name.endswith("_total") and sample.value:
                 out[next(iter(sample.labels.values()), "")] = sample.value
     return out
 

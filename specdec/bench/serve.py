@@ -12,10 +12,12 @@ and the sequential bound tau / (k c + 1) from the measured tau. The single-proce
 1 is passed in by the CLI (an object with ``one(prompt, max_tokens)``; it needs torch, which this
 module never imports) and interleaved with the service's closed c=1 requests.
 
-``apis`` (grpc, http): each scenario and mode runs once per API with the same prompts and settings,
-HTTP through the OpenAI-compatible gateway (specdec/bench/serve_http.py); each result carries its
-``api``, and an HTTP result beside a gRPC one carries the gateway's overhead (latency p50 difference,
-per request and per streamed chunk).
+``apis`` (grpc, http): HTTP goes through the OpenAI-compatible gateway (specdec/bench/serve_http.py)
+with the same prompts and settings; each result carries its ``api``, and an HTTP result beside a
+gRPC one carries the gateway's overhead (latency p50 difference, per request and per streamed
+chunk). At one client the APIs' requests alternate prompt by prompt; a closed loop of several
+clients splits them between the APIs and runs them at once, so both see the same batches (run one
+after the other, the machine's drift between the runs would swamp what the gateway adds).
 """
 
 from __future__ import annotations
@@ -179,12 +181,13 @@ def summarize(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     }
 
 
-def _closed_loop(runner: _Runner, prompts: list[Prompt], n: int, clients: int, mode: str) -> tuple[list, float]:
+def _closed_loop(runners: Sequence[Any], prompts: list[Prompt], n: int, clients: int, mode: str) -> tuple[list, float]:
+    """``n`` requests from ``clients`` clients; client i sends through ``runners[i % len(runners)]``."""
     jobs = [prompts[i % len(prompts)] for i in range(n)]
     lock = threading.Lock()
     records: list[dict] = []
 
-    def client_loop() -> None:
+    def client_loop(runner) -> None:
         while True:
             with lock:
                 if not jobs:
@@ -195,7 +198,9 @@ def _closed_loop(runner: _Runner, prompts: list[Prompt], n: int, clients: int, m
                 records.append(rec)
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(clients)]
+    threads = [
+        threading.Thread(target=client_loop, args=(runners[i % len(runners)],), daemon=True) for i in range(clients)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -379,30 +384,36 @@ def _scenarios(
             )
             results.extend(_interleaved(runners, prompts, n, options.modes, engine, url))
             continue
+        name = f"closed c={x}" if kind == "closed" else f"poisson {x}/s"
+        shared = kind == "closed" and int(x) > 1 and len(runners) > 1
         for mode in options.modes:
-            for api, runner in runners.items():
-                name = f"closed c={x}" if kind == "closed" else f"poisson {x}/s"
-                progress(f"{name}, mode {mode}, api {api}: {n} requests")
+            # (the APIs of a run, its runners): one run for all APIs when a closed loop shares them
+            runs = [(list(runners), list(runners.values()))] if shared else [([a], [r]) for a, r in runners.items()]
+            for apis, run_runners in runs:
+                progress(f"{name}, mode {mode}, api {' + '.join(apis)}{' at once' if shared else ''}: {n} requests")
                 before = scrape(url)
                 if kind == "closed":
-                    records, wall = _closed_loop(runner, prompts, n, int(x), mode)
+                    records, wall = _closed_loop(run_runners, prompts, n, int(x), mode)
                 else:
-                    records, wall = _poisson(runner, prompts, n, float(x), mode, options.seed)
-                summary = summarize(records, wall)
+                    records, wall = _poisson(run_runners[0], prompts, n, float(x), mode, options.seed)
                 split = phase_split(before, scrape(url))
-                if split is not None:
-                    summary["split"] = split
-                results.append(
-                    {
-                        "scenario": name,
-                        "kind": kind,
-                        "x": x,
-                        "mode": mode,
-                        "api": api,
-                        "summary": summary,
-                        "records": records,
-                    }
-                )
+                for api in apis:
+                    own = [r for r in records if r["api"] == api]
+                    summary = summarize(own, wall)
+                    if split is not None:
+                        summary["split"] = split  # the service's, for the run: shared by its APIs
+                    results.append(
+                        {
+                            "scenario": name,
+                            "kind": kind,
+                            "x": x,
+                            "mode": mode,
+                            "api": api,
+                            "shared": shared,
+                            "summary": summary,
+                            "records": own,
+                        }
+                    )
     return results
 
 

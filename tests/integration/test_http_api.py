@@ -308,3 +308,15 @@ def test_bench_serve_drives_grpc_and_http_alike(http, smollm_path):
         assert set(gateway) == {"ms_per_request", "ms_per_request_paired", "chunks_p50", "ms_per_chunk", "ttft_ms_p50"}
         assert None not in gateway.values()  # one client: the requests pair by prompt
         assert "gateway overhead" in format_table(result)
+    # Several clients: split between the APIs and run at once (both see the same batches).
+    options = BenchOptions(
+        max_tokens=N, requests=4, concurrency=(2,), modes=("auto",), apis=("grpc", "http"), http_url=http.url,
+        metrics_url="none",
+    )  # fmt: skip
+    result = bench_serve(http.svc.router.address, prompts, options, credentials=ClientCredentials(token=TOKEN))
+    runs = {r["api"]: r for r in result["results"]}
+    assert set(runs) == {"grpc", "http"} and {r["scenario"] for r in result["results"]} == {"closed c=2"}
+    assert all(r["shared"] for r in runs.values()) and sum(len(r["records"]) for r in runs.values()) == 4
+    assert all(
+        r["records"] and all(x["api"] == api and x["error"] is None for x in r["records"]) for api, r in runs.items()
+    )

@@ -8,9 +8,9 @@ configs/cluster.yaml, and every check is shown to fail on a broken copy.
 * Monitoring kinds (monitoring.coreos.com/v1 ServiceMonitor, PodMonitor, PrometheusRule): their
   CRDs are not in kubernetes-validate, nor vendored here, so a minimal structural schema of the
   fields the chart sets (unknown fields are errors); the agreement checks do the rest.
-* RayCluster: the openAPIV3Schema of KubeRay 1.7.0's CRD (../shared/schemas/kuberay/, beside the
-  clone), made strict like the API server's strict field validation; its two CEL rules concern
-  fields the chart does not set. Its pod templates also validate as core PodTemplates.
+* RayCluster: the openAPIV3Schema of KubeRay 1.7.0's CRD (tests/schemas/kuberay-1.7.0/, KubeRay's
+  own file unchanged, so a clone anywhere has it), made strict like the API server's strict field
+  validation; its two CEL rules concern fields the chart does not set. Its pod templates also validate as core PodTemplates.
 * Agreement: the Ray resource names and the router's ports of configs/cluster.yaml (the one
   source) in the serve config, worker groups, container ports, probes, Service and scrape
   annotations; Ray's metrics ports named `metrics`; the monitors select the router's Service and
@@ -42,7 +42,7 @@ from tests.ray_resources import actor_demand
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
 CLUSTER_YAML = REPO / "configs" / "cluster.yaml"
-KUBERAY_CRD = REPO.parent / "shared" / "schemas" / "kuberay" / "ray.io_rayclusters.yaml"
+KUBERAY_CRD = REPO / "tests" / "schemas" / "kuberay-1.7.0" / "ray.io_rayclusters.yaml"
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 HEALTH_SERVICE = "specdec.v1.Generation"
 
@@ -131,11 +131,6 @@ def _strict(schema):
 
 @functools.cache
 def raycluster_validator() -> jsonschema.Draft7Validator:
-    if not KUBERAY_CRD.is_file():
-        pytest.fail(
-            f"KubeRay CRD schema not found at {KUBERAY_CRD}: the tests expect shared/ beside the "
-            "repository clone (../shared/schemas/kuberay/ray.io_rayclusters.yaml)"
-        )
     with KUBERAY_CRD.open() as f:
         crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
