@@ -10,7 +10,8 @@ configs/cluster.yaml, and every check is shown to fail on a broken copy.
   fields the chart sets (unknown fields are errors); the agreement checks do the rest.
 * RayCluster: the openAPIV3Schema of KubeRay 1.7.0's CRD (tests/schemas/kuberay-1.7.0/, KubeRay's
   own file unchanged, so a clone anywhere has it), made strict like the API server's strict field
-  validation; its two CEL rules concern fields the chart does not set. Its pod templates also validate as core PodTemplates.
+  validation; its two CEL rules concern fields the chart does not set. Its pod templates also
+  validate as core PodTemplates.
 * Agreement: the Ray resource names and the router's ports of configs/cluster.yaml (the one
   source) in the serve config, worker groups, container ports, probes, Service and scrape
   annotations; Ray's metrics ports named `metrics`; the monitors select the router's Service and
