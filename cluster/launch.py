@@ -30,7 +30,7 @@ from specdec.rpc.worker_host import end_worker_actors
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Deployment", "StopRequested", "launch", "serve", "start_ray", "check_models"]
+__all__ = ["Deployment", "StopRequested", "launch", "serve", "start_ray", "check_exposure", "check_models"]
 
 
 @dataclass
@@ -65,6 +65,23 @@ class Deployment:
         if self.started_ray and ray.is_initialized():
             ray.shutdown()
         log.info("specdec stopped")
+
+
+def check_exposure(cfg: ServeConfig) -> None:
+    """Refuse a public API beyond loopback without TLS and bearer tokens unless the config says
+    ``security.allow_insecure: true`` (docs/design.md, Security): a copied cluster file must not
+    open the service to its network by accident."""
+    from cluster.local_ray import is_loopback
+
+    sec, rc = cfg.security, cfg.router
+    if is_loopback(rc.host) or (sec.tls and sec.token_auth) or sec.allow_insecure:
+        return
+    missing = " and ".join(m for m, on in (("TLS", sec.tls), ("bearer tokens", sec.token_auth)) if not on)
+    raise ValueError(
+        f"router.host {rc.host} serves the API beyond this machine without {missing}: set "
+        "security.tls_cert and security.tls_key, and security.tokens_file (README, Security), or "
+        "security.allow_insecure: true where a network boundary you control guards the port"
+    )
 
 
 def check_models(cfg: ServeConfig) -> None:
@@ -187,6 +204,7 @@ def launch(
     from router.workers import ActorEndpoint
     from specdec.rpc.worker_secret import ensure_secret
 
+    check_exposure(cfg)
     check_models(cfg)
     nodes = _known_nodes(cfg)
     check_tensor_parallel(cfg, nodes)  # bad values fail here, before Ray or any worker starts

@@ -291,5 +291,8 @@ class RouterConfig:
             max_connection_idle_s=self.max_connection_idle_s,
             max_connection_age_s=self.max_connection_age_s,
             max_connection_age_grace_s=self.max_connection_age_grace_s,
-            max_concurrent_streams=max(100, 2 * self.max_inflight_per_client),
+            # No HTTP/2 stream limit: gRPC refuses streams past it with a bare UNAVAILABLE ("Stream
+            # removed", no RetryInfo) before the handler runs; the per-client limit and the queue
+            # bound answer a burst instead, RESOURCE_EXHAUSTED with RetryInfo (test_api.py).
+            max_concurrent_streams=None,
         )

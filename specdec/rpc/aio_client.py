@@ -29,8 +29,10 @@ from specdec.rpc.client import (
     StreamChunk,
     TokenizeResult,
     build_request,
-    chat_messages,
+    model_dict,
     stats_dict,
+    tokenize_request,
+    usage_dict,
 )
 from specdec.rpc.client_credentials import ClientCredentials
 from specdec.rpc.client_errors import from_rpc_error
@@ -39,10 +41,6 @@ from specdec.rpc.grpc_options import channel_options
 __all__ = ["AsyncSpecdecClient"]
 
 Metadata = Sequence[tuple[str, str]]
-
-
-def _usage(u: generate_pb2.Usage) -> dict[str, int]:
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
 
 
 class AsyncSpecdecClient:
@@ -97,7 +95,7 @@ class AsyncSpecdecClient:
                     c.text,
                     list(c.token_ids),
                     c.finish_reason or None,
-                    _usage(c.usage) if last else None,
+                    usage_dict(c.usage) if last else None,
                     stats_dict(c.speculation) if last else None,
                     time.perf_counter(),
                 )
@@ -113,20 +111,7 @@ class AsyncSpecdecClient:
             )
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
-        return [
-            {
-                "name": m.name,
-                "role": m.role,
-                "dtype": m.dtype,
-                "device": m.device,
-                "max_context": m.max_context,
-                "ready": m.ready,
-                "vocab_size": m.vocab_size,
-                "eos_token_ids": list(m.eos_token_ids),
-                "has_chat_template": m.has_chat_template,
-            }
-            for m in resp.models
-        ]
+        return [model_dict(m) for m in resp.models]
 
     async def tokenize(
         self,
@@ -140,13 +125,7 @@ class AsyncSpecdecClient:
         metadata: Metadata = (),
     ) -> TokenizeResult:
         """The prompt's token ids exactly as :meth:`generate` would run them, and their count."""
-        req = generate_pb2.TokenizeRequest(
-            model=model,
-            prompt=prompt or "",
-            prompt_token_ids=list(prompt_token_ids or []),
-            messages=chat_messages(messages),
-            chat=chat,
-        )
+        req = tokenize_request(prompt, prompt_token_ids, messages, model, chat)
         try:
             resp = await self.stub.Tokenize(req, timeout=timeout, metadata=tuple(metadata) or None)
         except grpc.RpcError as exc:

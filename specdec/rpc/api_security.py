@@ -42,6 +42,7 @@ class SecurityConfig:
     tokens_env: str | None = None
     exempt: list[str] = field(default_factory=lambda: ["health"])
     worker_secret_file: str | None = None
+    allow_insecure: bool = False  # serve beyond loopback without TLS and tokens (cluster.launch.check_exposure)
 
     def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -68,6 +68,41 @@ __all__ = [
 ]
 
 
+def usage_dict(u: generate_pb2.Usage) -> dict[str, int]:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
+
+
+def model_dict(m: generate_pb2.ModelInfo) -> dict[str, Any]:
+    """One ListModels entry as the clients return it."""
+    return {
+        "name": m.name,
+        "role": m.role,
+        "dtype": m.dtype,
+        "device": m.device,
+        "max_context": m.max_context,
+        "ready": m.ready,
+        "vocab_size": m.vocab_size,
+        "eos_token_ids": list(m.eos_token_ids),
+        "has_chat_template": m.has_chat_template,
+    }
+
+
+def tokenize_request(
+    prompt: str | None,
+    prompt_token_ids: Sequence[int] | None,
+    messages: Sequence[Message] | None,
+    model: str,
+    chat: bool,
+) -> generate_pb2.TokenizeRequest:
+    return generate_pb2.TokenizeRequest(
+        model=model,
+        prompt=prompt or "",
+        prompt_token_ids=list(prompt_token_ids or []),
+        messages=chat_messages(messages),
+        chat=chat,
+    )
+
+
 def stats_dict(s: generate_pb2.SpeculationStats) -> dict[str, Any]:
     """SpeculationStats as the core's ``RequestStats.as_dict()`` (the local CLI's JSON)."""
     return {
@@ -97,7 +132,7 @@ class GenerateResult:
             r.text,
             list(r.token_ids),
             r.finish_reason,
-            {"prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens},
+            usage_dict(r.usage),
             stats_dict(r.speculation),
         )
 
@@ -237,9 +272,7 @@ class SpecdecClient:
                     c.text,
                     list(c.token_ids),
                     c.finish_reason or None,
-                    {"prompt_tokens": c.usage.prompt_tokens, "completion_tokens": c.usage.completion_tokens}
-                    if last
-                    else None,
+                    usage_dict(c.usage) if last else None,
                     stats_dict(c.speculation) if last else None,
                 )
         finally:
@@ -250,20 +283,7 @@ class SpecdecClient:
             resp = self.stub.ListModels(generate_pb2.ListModelsRequest(), timeout=timeout)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
-        return [
-            {
-                "name": m.name,
-                "role": m.role,
-                "dtype": m.dtype,
-                "device": m.device,
-                "max_context": m.max_context,
-                "ready": m.ready,
-                "vocab_size": m.vocab_size,
-                "eos_token_ids": list(m.eos_token_ids),
-                "has_chat_template": m.has_chat_template,
-            }
-            for m in resp.models
-        ]
+        return [model_dict(m) for m in resp.models]
 
     def tokenize(
         self,
@@ -276,13 +296,7 @@ class SpecdecClient:
         timeout: float | None = 30.0,
     ) -> TokenizeResult:
         """The prompt's token ids exactly as :meth:`generate` would run them, and their count."""
-        req = generate_pb2.TokenizeRequest(
-            model=model,
-            prompt=prompt or "",
-            prompt_token_ids=list(prompt_token_ids or []),
-            messages=chat_messages(messages),
-            chat=chat,
-        )
+        req = tokenize_request(prompt, prompt_token_ids, messages, model, chat)
         try:
             resp = self.stub.Tokenize(req, timeout=timeout)
         except grpc.RpcError as exc:

@@ -93,6 +93,7 @@ def serve_variant() -> dict:
         pool.update(model=SMOLLM, replicas=1, dtype="float32", device="cpu", num_slots=2, max_len=512, threads=1)
         pool["placement"] = {"resources": pool["placement"]["resources"]}  # no GPUs here
     cfg["router"]["port"] = int(SERVER.rsplit(":", 1)[1])
+    cfg["security"] = {"allow_insecure": True}  # 0.0.0.0 without TLS and tokens: the namespace is its own network
     return cfg
 
 

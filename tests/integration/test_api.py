@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from router.access_log import ACCESS_LOGGER
-from specdec.rpc import generate_pb2
+from specdec.rpc import generate_pb2, generate_pb2_grpc
 from specdec.rpc.client import InvalidArgument, NotFound, build_request
 from specdec.rpc.client_errors import from_rpc_error
 from tests.integration.service_fixture import MAX_LEN, MODEL, running_service
@@ -135,6 +135,25 @@ def test_access_log_one_line_per_request_without_text(api, caplog):
     for r in lines.values():
         assert set(r.access) == fields  # no text field
         assert secret not in r.getMessage() and secret not in str(r.access)
+    api.wait_slots_free()
+
+
+def test_a_burst_on_one_connection_is_ok_or_resource_exhausted(api):
+    """200 calls at once on one channel (one HTTP/2 connection), beyond the per-client limit (32):
+    each ends OK or RESOURCE_EXHAUSTED with RetryInfo, never a refused stream (UNAVAILABLE)."""
+    request = build_request("def fib(n):", max_tokens=4, ignore_eos=True)
+    with grpc.insecure_channel(api.router.address) as ch:
+        stub = generate_pb2_grpc.GenerationStub(ch)
+        futures = [stub.Generate.future(request, timeout=120) for _ in range(200)]
+        codes: dict = {}
+        for f in futures:
+            exc = f.exception()
+            code = grpc.StatusCode.OK if exc is None else exc.code()
+            codes[code] = codes.get(code, 0) + 1
+            if exc is not None and code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                assert from_rpc_error(exc).retry_delay is not None
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert codes.get(grpc.StatusCode.OK, 0) >= 32 and codes.get(grpc.StatusCode.RESOURCE_EXHAUSTED, 0) > 0, codes
     api.wait_slots_free()
 
 

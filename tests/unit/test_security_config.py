@@ -3,6 +3,8 @@ the workers' max_k, client credentials, and how a client is told apart for the p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -101,3 +103,34 @@ def test_client_key_is_the_token_else_the_peer_address():
     assert TOKEN not in a and a != client_key([("authorization", "Bearer other-" + "x" * 20)], "ipv4:10.0.0.1:5000")
     assert client_key([], "ipv4:10.0.0.1:5000") == client_key([], "ipv4:10.0.0.1:5001") == "peer:ipv4:10.0.0.1"
     assert client_key([], "ipv6:[::1]:5000") == "peer:ipv6:[::1]"
+
+
+def test_a_public_bind_without_tls_and_tokens_is_refused_unless_allowed(tmp_path):
+    """configs/cluster.yaml binds 0.0.0.0: `specdec serve` starts it only with TLS and tokens, or
+    with security.allow_insecure (cluster.launch.check_exposure, before anything starts)."""
+    from cluster.launch import check_exposure
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{TOKEN}\n")
+    tls = f"tls_cert: {tmp_path}/c.pem, tls_key: {tmp_path}/k.pem"
+    cases = {
+        "router: {host: 127.0.0.1}": True,
+        "router: {host: '::1'}": True,
+        "router: {host: 0.0.0.0}": False,
+        f"router: {{host: 0.0.0.0}}\nsecurity: {{tokens_file: {tokens}}}": False,
+        f"router: {{host: 0.0.0.0}}\nsecurity: {{{tls}}}": False,
+        f"router: {{host: 0.0.0.0}}\nsecurity: {{{tls}, tokens_file: {tokens}}}": True,
+        "router: {host: 10.0.0.5}\nsecurity: {allow_insecure: true}": True,
+    }
+    for text, starts in cases.items():
+        cfg = _config(tmp_path, "target: {model: m}\n" + text + "\n")
+        if starts:
+            check_exposure(cfg)
+            continue
+        with pytest.raises(ValueError, match="beyond this machine without .*allow_insecure") as err:
+            check_exposure(cfg)
+        missing = str(err.value).split(" without ")[1].split(":")[0]  # what the message says is missing
+        assert ("TLS" in missing, "tokens" in missing) == (not cfg.security.tls, not cfg.security.token_auth), text
+    # the shipped cluster file is refused as it stands, and says how to fix it
+    with pytest.raises(ValueError, match="security.tls_cert .* security.tokens_file"):
+        check_exposure(load_config(Path(__file__).resolve().parents[2] / "configs" / "cluster.yaml"))

@@ -25,6 +25,11 @@ router.tokensSecretName), mounted into the router container; the serve config na
 {{- if $r.tokensSecretName -}}
 {{- $_ := set $sec "tokens_file" (printf "%s/tokens" (include "specdec.tokensDir" .)) -}}
 {{- end -}}
+{{- /* The router binds 0.0.0.0 in its pod, which `specdec serve` refuses without TLS and tokens
+unless told: here the chart's Service (ClusterIP unless changed) is what exposes the port. */ -}}
+{{- if not (and $r.tls.secretName $r.tokensSecretName) -}}
+{{- $_ := set $sec "allow_insecure" (hasKey $sec "allow_insecure" | ternary $sec.allow_insecure true) -}}
+{{- end -}}
 {{- toJson $sec -}}
 {{- end }}
 
