@@ -247,6 +247,9 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                     except TimeoutError:
                         stopped_reading, call.rec.status = True, "CANCELLED"
                         break
+                    except asyncio.CancelledError:  # the client left before this chunk reached it
+                        call.rec.status = "CANCELLED"
+                        raise
         finally:
             call.rec.emit()
         if stopped_reading:  # the job was cancelled, and counted, as the chunks closed

@@ -198,8 +198,8 @@ def test_a_client_that_stops_reading_is_reaped_and_its_slots_freed(secured, pki,
     neither reads nor answers pings), so the keepalive (0.5 s + 0.5 s here) may drop it first.
     "not_reading": alive, answering pings, only not reading: the keepalive never fires, and the
     router's write bound (router.stream_write_timeout_s) ends the call once a chunk waits that long
-    for the full flow-control window. Either way the request is cancelled long before it would
-    have ended, its access line says CANCELLED, and its KV slots are free again."""
+    for the full flow-control window. Either way the call ends, its access line says CANCELLED
+    (its request cancelled if it still ran), and its KV slots are free again."""
     caplog.set_level(logging.WARNING)  # every logger: gRPC's own included
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)  # (after: the capture handler takes this level)
     max_tokens = MAX_LEN - 32
@@ -228,7 +228,9 @@ def test_a_client_that_stops_reading_is_reaped_and_its_slots_freed(secured, pki,
         os.kill(proc.pid, signal.SIGCONT)
         proc.wait(30)
     (line,) = done
-    assert line["status"] == "CANCELLED" and line["completion_tokens"] < max_tokens, line
+    # CANCELLED even when the tiny model had generated every token before gRPC's send buffer filled:
+    # the call never delivered its end (a finished job's line says OK unless the write bound ends it)
+    assert line["status"] == "CANCELLED" and line["completion_tokens"] <= max_tokens, line
     assert secured.worker_info("target").free_slots == SLOTS
     # a client cannot write tracebacks into the service's log by not reading
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
