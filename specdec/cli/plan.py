@@ -195,7 +195,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from cluster.planning.profile import Profile, ProfileError
     from cluster.planning.sim_calibration import draft_prefill_ms_per_token, timed_kinds
     from cluster.planning.workload import WorkloadError
-    from specdec.bench.serve import format_table
+    from specdec.bench.serve_report import format_table
 
     _quiet_router(args)
     try:

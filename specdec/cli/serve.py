@@ -253,6 +253,7 @@ def _bench_mixed(args: argparse.Namespace, prompts) -> int:
 
 def _bench_serve(args: argparse.Namespace) -> int:
     from specdec.bench import serve as bs
+    from specdec.bench.serve_report import format_table
     from specdec.core.prompts import PromptSetError, load_prompts
 
     try:
@@ -309,7 +310,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
     except (ConnectionError, bs.BenchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
-    text = bs.format_table(result)
+    text = format_table(result)
     print(text)
     if args.json:
         with open(args.json, "w") as f:

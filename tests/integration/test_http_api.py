@@ -278,7 +278,8 @@ def test_bench_serve_drives_grpc_and_http_alike(http, smollm_path):
     prompt to /v1/completions, a chat prompt to /v1/chat/completions) and as token ids."""
     from transformers import AutoTokenizer
 
-    from specdec.bench.serve import BenchOptions, bench_serve, format_table
+    from specdec.bench.serve import BenchOptions, bench_serve
+    from specdec.bench.serve_report import format_table
     from specdec.core.prompts import Prompt, encode
 
     prompts = [Prompt("raw", PROMPT, False), Prompt("chat", "Name a primary color.", True)]

@@ -431,7 +431,8 @@ def test_killing_the_target_worker_replays_and_completes_unchanged(service, engi
 
 
 def test_bench_serve_drives_the_service(service, engine):
-    from specdec.bench.serve import BenchOptions, bench_serve, format_table
+    from specdec.bench.serve import BenchOptions, bench_serve
+    from specdec.bench.serve_report import format_table
     from specdec.core.prompts import Prompt
 
     prompts = [Prompt(f"p{i}", p, False) for i, p in enumerate(PROMPTS[:3])]
