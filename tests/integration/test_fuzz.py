@@ -22,7 +22,7 @@ from tests.integration.service_fixture import MAX_LEN, MODEL, SLOTS, running_ser
 VOCAB = 259  # specdec.core.tiny: 256 bytes + 3 specials
 INT32 = st.integers(-(2**31), 2**31 - 1)
 UINT64 = st.integers(0, 2**64 - 1)
-# What the API documents (README, generate.proto); CANCELLED: the streams this test closes early.
+# What the API documents (docs/api.md, generate.proto); CANCELLED: the streams this test closes early.
 DOCUMENTED = {
     grpc.StatusCode.OK,
     grpc.StatusCode.INVALID_ARGUMENT,
