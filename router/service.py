@@ -243,7 +243,8 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                     try:
                         # A write waits while the client's flow-control window is full: a client
                         # that stopped reading holds its slots only this long (docs/design.md, "API").
-                        await asyncio.wait_for(context.write(msg), bound)
+                        async with asyncio.timeout(bound):  # a timer, no task per chunk
+                            await context.write(msg)
                     except TimeoutError:
                         stopped_reading, call.rec.status = True, "CANCELLED"
                         break

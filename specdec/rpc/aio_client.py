@@ -15,7 +15,6 @@ request's KV slots. Needs only grpcio, grpcio-status and protobuf: no torch, Ray
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -30,9 +29,7 @@ from specdec.rpc.client import (
     TokenizeResult,
     build_request,
     model_dict,
-    stats_dict,
     tokenize_request,
-    usage_dict,
 )
 from specdec.rpc.client_credentials import ClientCredentials
 from specdec.rpc.client_errors import from_rpc_error
@@ -89,16 +86,7 @@ class AsyncSpecdecClient:
         call = self.stub.GenerateStream(req, timeout=self._timeout(timeout), metadata=tuple(metadata) or None)
         try:
             async for c in call:
-                last = bool(c.finish_reason)
-                yield StreamChunk(
-                    c.request_id,
-                    c.text,
-                    list(c.token_ids),
-                    c.finish_reason or None,
-                    usage_dict(c.usage) if last else None,
-                    stats_dict(c.speculation) if last else None,
-                    time.perf_counter(),
-                )
+                yield StreamChunk.from_proto(c)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         finally:

@@ -147,6 +147,18 @@ class StreamChunk:
     stats: dict[str, Any] | None = None
     time: float = field(default_factory=time.perf_counter)  # when the chunk arrived (perf_counter)
 
+    @classmethod
+    def from_proto(cls, c: generate_pb2.GenerateChunk) -> StreamChunk:
+        last = bool(c.finish_reason)
+        return cls(
+            c.request_id,
+            c.text,
+            list(c.token_ids),
+            c.finish_reason or None,
+            usage_dict(c.usage) if last else None,
+            stats_dict(c.speculation) if last else None,
+        )
+
 
 @dataclass
 class TokenizeResult:
@@ -266,15 +278,7 @@ class SpecdecClient:
         call = self.stub.GenerateStream(req, timeout=self._timeout(timeout))
         try:
             for c in _structured_errors(call):
-                last = bool(c.finish_reason)
-                yield StreamChunk(
-                    c.request_id,
-                    c.text,
-                    list(c.token_ids),
-                    c.finish_reason or None,
-                    usage_dict(c.usage) if last else None,
-                    stats_dict(c.speculation) if last else None,
-                )
+                yield StreamChunk.from_proto(c)
         finally:
             call.cancel()  # no-op when finished
 
