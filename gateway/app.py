@@ -51,23 +51,29 @@ class GatewayConfig:
 
 
 class _Models:
-    """The router's models, asked once (with a caller's token) and kept: names, default, fingerprint."""
+    """The router's models: listed on each /v1/models; their default name and fingerprint, which
+    every reply carries, worked out once the targets are ready."""
 
     def __init__(self) -> None:
-        self.models: list[dict[str, Any]] | None = None
+        self.default_and_fp: tuple[str, str] | None = None
         self.created = int(time.time())
 
     async def get(self, client: AsyncSpecdecClient, metadata) -> list[dict[str, Any]]:
         models = await client.list_models(metadata=metadata)
         if all(m["ready"] for m in models if m["role"] == "target"):
-            self.models = models
+            self.default_and_fp = _default_and_fingerprint(models)
         return models
 
     async def default_and_fingerprint(self, client: AsyncSpecdecClient, metadata) -> tuple[str, str]:
-        models = self.models or await self.get(client, metadata)
-        targets = [m for m in models if m["role"] == "target"]
-        facts = json.dumps([[m["name"], m["dtype"], m["device"]] for m in models], sort_keys=True)
-        return (targets[0]["name"] if targets else ""), "fp_" + hashlib.sha256(facts.encode()).hexdigest()[:12]
+        if self.default_and_fp is None:
+            return _default_and_fingerprint(await self.get(client, metadata))
+        return self.default_and_fp
+
+
+def _default_and_fingerprint(models: list[dict[str, Any]]) -> tuple[str, str]:
+    targets = [m for m in models if m["role"] == "target"]
+    facts = json.dumps([[m["name"], m["dtype"], m["device"]] for m in models], sort_keys=True)
+    return (targets[0]["name"] if targets else ""), "fp_" + hashlib.sha256(facts.encode()).hexdigest()[:12]
 
 
 def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
