@@ -41,6 +41,7 @@ def dial_address(host: str, port: int) -> str:
 
 def gateway_command(router: str, host: str, port: int, security: SecurityConfig) -> list[str]:
     cmd = [sys.executable, "-m", "gateway", "--router", router, "--host", host, "--port", str(port)]
+    cmd += ["--exit-with-parent", str(os.getpid())]  # it goes when `specdec serve` does, however it ends
     if security.tls:
         cmd += ["--tls-cert", security.tls_cert, "--tls-key", security.tls_key]
         if security.tls_client_ca:

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import ssl
+import threading
+import time
 
 import uvicorn
 
@@ -28,6 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--router-key", default=None, help="mTLS to the router: its key")
     p.add_argument("--timeout", type=float, default=None, help="deadline per request, seconds (default none)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID", help="stop when process PID is gone")
     args = p.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")
@@ -36,9 +41,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def exit_with_parent(pid: int, period_s: float = 0.5) -> None:
+    """SIGTERM this process once ``pid`` is no longer its parent: `specdec serve` killed outright (or
+    its Ray driver aborted) must not leave the gateway serving a router that is gone."""
+
+    def watch() -> None:
+        while os.getppid() == pid:
+            time.sleep(period_s)
+        logging.getLogger(__name__).warning("gateway: parent process %d is gone: stopping", pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.exit_with_parent is not None:
+        exit_with_parent(args.exit_with_parent)
     credentials = ClientCredentials(
         token=None, tls=args.router_tls, ca=args.router_ca, cert=args.router_cert, key=args.router_key
     )
