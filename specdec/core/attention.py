@@ -20,7 +20,9 @@ import math
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
+
+from specdec.core.packed import pack
+from specdec.core.quant import linear
 
 KEY_BLOCK = 64
 # A CPU GEMM rounds a row according to the block of rows it is computed in (`scripts/invariance.py
@@ -54,29 +56,31 @@ def gemm_rows(rows: int, dtype: torch.dtype) -> int:
     return max(1, -(-rows // MIN_GEMM_ROWS)) * MIN_GEMM_ROWS
 
 
-def padding_rule_holds(weights: Iterable[torch.Tensor], dtype: torch.dtype) -> bool:
+def padding_rule_holds(weights: Iterable, dtype: torch.dtype, packed: bool = False) -> bool:
     """Whether `gemm_rows`' padding gives a row the same numbers in every CPU GEMM on this machine,
     with the current threads, for the shapes of ``weights`` (and a few common ones): every row
-    count it pads to gives a row the same result, and so does every position in the largest. Cached
-    per dtype, threads and shapes (a few hundred small GEMMs the first time)."""
+    count it pads to gives a row the same result, and so does every position in the largest.
+    ``packed``: with weights in oneDNN's layout (specdec/core/packed.py), as the runner has them.
+    Cached per dtype, threads, layout and shapes (a few hundred small GEMMs the first time)."""
     shapes = {tuple(w.shape) for w in weights if w.shape[0] <= _PROBE_MAX_OUT} | set(_PROBE_SHAPES)
-    key = (dtype, torch.get_num_threads(), tuple(sorted(shapes)))
+    key = (dtype, torch.get_num_threads(), packed, tuple(sorted(shapes)))
     if key not in _RULE_HOLDS:
-        _RULE_HOLDS[key] = all(_rule_holds_for(n, k, dtype) for n, k in sorted(shapes))
+        _RULE_HOLDS[key] = all(_rule_holds_for(n, k, dtype, packed) for n, k in sorted(shapes))
     return _RULE_HOLDS[key]
 
 
-def _rule_holds_for(n: int, k: int, dtype: torch.dtype) -> bool:
+def _rule_holds_for(n: int, k: int, dtype: torch.dtype, packed: bool) -> bool:
     gen = torch.Generator().manual_seed(0)
     w = (torch.randn(n, k, generator=gen) * 0.05).to(dtype)
+    w = pack(w) if packed else w
     row = torch.randn(1, k, generator=gen).to(dtype)
     counts = sorted({gemm_rows(m, dtype) for m in _PROBE_ROWS})
     others = torch.randn(counts[-1], k, generator=gen).to(dtype)
-    want = F.linear(torch.cat([row, others[: counts[0] - 1]]), w)[0]
+    want = linear(torch.cat([row, others[: counts[0] - 1]]), w)[0]
     for m in counts[1:]:
-        if not torch.equal(F.linear(torch.cat([row, others[: m - 1]]), w)[0], want):
+        if not torch.equal(linear(torch.cat([row, others[: m - 1]]), w)[0], want):
             return False
-    same = F.linear(row.expand(counts[-1], k).contiguous(), w)  # one row at every position
+    same = linear(row.expand(counts[-1], k).contiguous(), w)  # one row at every position
     return bool((same == same[0]).all())
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.core.packed import PackedWeight, packed_linear
+
 # The int8 kernel pays off for decode-sized inputs only; a prefill (many rows) is faster on the
 # dense weights, which the transformers model keeps anyway (no extra memory).
 INT8_MAX_ROWS = 8
@@ -34,9 +36,11 @@ def quantize_int8(w: torch.Tensor) -> Int8Weight:
     return Int8Weight(q.contiguous(), scale.to(w.dtype), w)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight | PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
         return F.linear(x, w, bias)
+    if isinstance(w, PackedWeight):
+        return packed_linear(x, w, bias)
     flat = x.reshape(-1, x.shape[-1])
     if flat.shape[0] > INT8_MAX_ROWS:
         return F.linear(x, w.dense, bias)

@@ -31,6 +31,7 @@ from specdec.core.attention import (
     padding_rule_holds,
     query_width,
 )
+from specdec.core.packed import PackedWeight, pack, packing_supported
 from specdec.core.quant import Int8Weight, int8_supported, linear, quantize_int8
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class ContextFull(RunnerError):
     pass
 
 
-Weight = torch.Tensor | Int8Weight
+Weight = torch.Tensor | Int8Weight | PackedWeight
 MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
 
 
@@ -72,6 +73,11 @@ class LayerWeights:
     def quantize(self) -> None:
         for name in MATRICES:
             setattr(self, name, quantize_int8(getattr(self, name)))
+
+    def pack(self) -> None:
+        for name in MATRICES:
+            if isinstance(w := getattr(self, name), torch.Tensor):
+                setattr(self, name, pack(w))
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
@@ -128,12 +134,14 @@ class ModelRunner:
         weight_quant: str | None = None,
         vocab_subset: Sequence[int] | None = None,
         invariant_numerics: bool = True,
+        pack_weights: bool = True,
     ):
         """`weight_quant="int8"` and `vocab_subset` (the token ids the lm_head may produce) make a
         cheaper drafter; logits of tokens outside the subset come back as -inf. Never use them on
         a target: its outputs must not change. `invariant_numerics` is the default of `forward`'s
         `invariant`: a target needs it for lossless greedy and seeded output in every dtype; a
-        drafter does not (its numbers may change), and int8 weights are never invariant."""
+        drafter does not (its numbers may change), and int8 weights are never invariant.
+        `pack_weights`: dense CPU weights are laid out once for oneDNN (specdec/core/packed.py)."""
         _check_supported(model)
         config = model.config
         self.config = config
@@ -167,18 +175,35 @@ class ModelRunner:
             raise RunnerError(f"weight_quant must be None or 'int8', got {weight_quant!r}")
 
         self.invariant_numerics = invariant_numerics and not any(isinstance(w.q, Int8Weight) for w in self.layers)
-        if self.device.type == "cpu" and not padding_rule_holds(self._weights(), self.dtype):
-            self.gemm_block = CPU_GEMM_BLOCK
+        self.packed = False
+        if pack_weights:
+            self.pack_weights()
+        else:
+            self._check_padding_rule()
         self.alloc_kv_cache()
         self.lengths = [0] * num_slots
         self.slot_tokens: list[list[int]] = [[] for _ in range(num_slots)]
         self._free = list(range(num_slots - 1, -1, -1))
 
-    def _weights(self) -> list[torch.Tensor]:
-        """The dense weights the invariant forward multiplies by (int8 ones never run invariant)."""
-        names = ("q", "k", "v", "o", "gate", "up", "down")
-        found = [getattr(layer, n) for layer in self.layers for n in names] + [self.lm_head]
-        return [w for w in found if isinstance(w, torch.Tensor)]
+    def _weights(self) -> list[torch.Tensor | PackedWeight]:
+        """The weights the invariant forward multiplies by (int8 ones never run invariant)."""
+        found = [getattr(layer, n) for layer in self.layers for n in MATRICES] + [self.lm_head]
+        return [w for w in found if isinstance(w, torch.Tensor | PackedWeight)]
+
+    def pack_weights(self) -> None:
+        """Lay the dense weights out for oneDNN where it can (again after tp.py reshaped them);
+        then check the invariant forward's padding rule on weights as the forward uses them."""
+        if packing_supported(self.device, self.dtype):
+            for layer in self.layers:
+                layer.pack()
+            if isinstance(self.lm_head, torch.Tensor):
+                self.lm_head = pack(self.lm_head)
+            self.packed = True
+        self._check_padding_rule()
+
+    def _check_padding_rule(self) -> None:
+        if self.device.type == "cpu" and not padding_rule_holds(self._weights(), self.dtype, self.packed):
+            self.gemm_block = CPU_GEMM_BLOCK
 
     def alloc_kv_cache(self) -> None:
         """Empty K and V caches for every slot at the current ``num_kv_heads`` (specdec.core.tp

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from specdec.core.packed import PackedWeight
 from specdec.core.quant import Int8Weight
 from specdec.core.runner import ModelRunner, RunnerError, Weight
 
@@ -118,12 +119,16 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def _rows(w: Weight, lo: int, hi: int) -> Weight:
+    if isinstance(w, PackedWeight):  # packed again for the shard (shard_runner)
+        return _copy(w.source[lo:hi])
     if isinstance(w, Int8Weight):
         return Int8Weight(_copy(w.q[lo:hi]), _copy(w.scale[lo:hi]), _copy(w.dense[lo:hi]))
     return _copy(w[lo:hi])
 
 
 def _cols(w: Weight, lo: int, hi: int) -> Weight:
+    if isinstance(w, PackedWeight):
+        return _copy(w.source[:, lo:hi])
     if isinstance(w, Int8Weight):  # per-row scales hold for any subset of a row's columns
         return Int8Weight(_copy(w.q[:, lo:hi]), w.scale, _copy(w.dense[:, lo:hi]))
     return _copy(w[:, lo:hi])
@@ -210,6 +215,8 @@ def shard_runner(
         lo, hi = min(rank * chunk, width), min((rank + 1) * chunk, width)
         runner.lm_head = _pad_rows(_rows(runner.lm_head, lo, hi), chunk)
         runner.gather_logits = _Gather(rank, world, width, group)
+    if runner.packed:
+        runner.pack_weights()  # the shards, and the padding rule for their shapes
     log.info(
         "%s: rank %d/%d keeps heads %s, KV heads %s, MLP %s, lm_head %s",
         model,

@@ -27,6 +27,7 @@ import specdec.core.attention as attention
 from specdec.core.attention import CPU_GEMM_BLOCK, gemm_rows, padding_rule_holds
 from specdec.core.drafters import ModelDrafter, NgramProposer, NoDrafter
 from specdec.core.engine import KPolicy, SpecEngine
+from specdec.core.packed import pack, packing_supported
 from specdec.core.params import SamplingParams
 from specdec.core.prompts import load_jsonl
 from specdec.core.runner import ModelRunner
@@ -109,18 +110,23 @@ def test_row_logits_do_not_depend_on_the_rest_of_the_forward(case):
     _check_property(case, case.examples)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_weight_gemms_round_a_row_one_way_with_two_threads(dtype):
+def test_weight_gemms_round_a_row_one_way_with_two_threads(dtype, packed):
     """The invariant forward's weight GEMM gives a row the rounding it gets in any other such GEMM,
     also when threads split the rows: `gemm_rows`' padding where this machine's BLAS keeps it
     (`padding_rule_holds`), else blocks of CPU_GEMM_BLOCK rows (the forward tests above run with one
-    thread, the service with more). 1 to 40 rows: past 32, where a bf16 row changed on AMX."""
+    thread, the service with more). 1 to 40 rows: past 32, where a bf16 row changed on AMX. With
+    plain weights and with weights in oneDNN's layout (specdec/core/packed.py), as the runner has them."""
     gen = torch.Generator().manual_seed(0)
     # Qwen2.5-1.5B's up_proj shape: bf16 rounds a lone row differently in a few of its outputs.
     w = (torch.randn(8960, 1536, generator=gen) * 0.05).to(dtype)
     x = torch.randn(40, 1536, generator=gen).to(dtype)
     torch.set_num_threads(2)
-    runner = SimpleNamespace(gemm_block=None if padding_rule_holds([w], dtype) else CPU_GEMM_BLOCK)
+    if packed and not packing_supported(w.device, dtype):
+        skip_for_environment(f"oneDNN cannot pack {dtype} weights on this CPU")
+    runner = SimpleNamespace(gemm_block=None if padding_rule_holds([w], dtype, packed) else CPU_GEMM_BLOCK)
+    w = pack(w) if packed else w
 
     def invariant_linear(rows: torch.Tensor) -> torch.Tensor:  # as a forward of len(rows) tokens runs it
         padded = F.pad(rows, (0, 0, 0, gemm_rows(len(rows), dtype) - len(rows)))
@@ -146,9 +152,10 @@ def test_the_padding_probe_tells_a_blas_that_breaks_the_rule(monkeypatch, tiny_p
 
     for blas, holds in ((row_by_row, True), (other_past_32, False)):
         monkeypatch.setattr(attention, "_RULE_HOLDS", {})
-        monkeypatch.setattr(attention.F, "linear", blas)
+        monkeypatch.setattr(F, "linear", blas)
         assert padding_rule_holds([], torch.float32) is holds, blas.__name__
-    runner = ModelRunner(load_hf(tiny_paths["llama"]), num_slots=1, max_len=MAX_LEN)
+    # Plain weights: the stand-in replaces F.linear, which packed weights do not go through.
+    runner = ModelRunner(load_hf(tiny_paths["llama"]), num_slots=1, max_len=MAX_LEN, pack_weights=False)
     assert runner.gemm_block == CPU_GEMM_BLOCK
 
 

@@ -1,0 +1,48 @@
+"""CPU weights laid out once for oneDNN's GEMM, as vLLM's CPU backend and inductor's freezing do.
+
+`F.linear` on a plain [out, in] weight makes oneDNN (bf16) or MKL (float32) read it in a layout
+not made for the call; reordering each weight once at load time into oneDNN's own blocked layout
+makes the memory-bound decode and verify GEMMs 25-35 % faster in bf16 and 1.5-3x faster in float32
+on the EPYC machine (docs/results.md, "The CPU engine"). A packed weight rounds a row one way at
+M = 1 and one other way at every M >= 2, as the plain bf16 GEMM does, so the invariant forward's
+padding rule still holds; `attention.padding_rule_holds` checks that on every machine at load time
+with packed weights, as the forward uses them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PackedWeight:
+    packed: torch.Tensor  # oneDNN's opaque layout: only `packed_linear` can read it
+    source: torch.Tensor  # the plain [out, in] weight, for whatever reshapes weights (tp.py)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.source.shape
+
+
+def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN packs CPU weights in float32 always, in bf16 where the CPU has bf16 instructions."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def pack(w: torch.Tensor) -> PackedWeight:
+    # No batch-size hint: one layout for every M (measured no slower at M = 1-8 than a hint).
+    return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None), w)
+
+
+def packed_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    out = torch.ops.mkldnn._linear_pointwise(flat, w.packed, bias, "none", [], "")
+    return out.view(*x.shape[:-1], w.shape[0])
