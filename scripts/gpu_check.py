@@ -1,7 +1,8 @@
 """The checks that need a GPU, in one run, since CI and the development machines have none
 (figures: docs/results.md, "On a GPU").
 
-    python scripts/gpu_check.py [--out gpu_check.json] [--device cuda] [--quick]
+    python scripts/gpu_check.py [--out gpu_check.json] [--device cuda] [--quick] [--parts a,b,...]
+    python scripts/gpu_check.py --parts engine --out bench/gpu/engine.json
 
 1. telemetry: the worker's TelemetrySampler on the real NVML (nvidia-ml-py), idle, under a large
    bf16 GEMM loop and under a loop of tiny kernels (the "utilization" pitfall: both read busy, only
@@ -17,13 +18,18 @@
 7. prometheus: the real NVML through a draft worker's Info RPC into the router's
    specdec_device_* series.
 8. the timing parts of scripts/gpu_costs.py: cost, blockcost, roofline, graphs, bmmblocks.
+9. engine: specdec's forward, engine and service on this device against the roofline and
+   transformers' graphed forward, speculation at a set acceptance against its bound, every run's
+   tokens against k = 0 (scripts/gpu_engine.py; ``--tiny``: toy shapes, the CPU test's run).
 
-Each part runs on its own; a failure is recorded (with its traceback) and the next part runs.
+Each part runs on its own; a failure is recorded (with its traceback) and the next part runs. The
+exit status is 1 when a part raised or reported failures (the engine part's token identity).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
@@ -289,32 +295,49 @@ def prometheus(device: str, root: Path) -> dict:
     return out
 
 
-def main() -> None:
+def engine(device: str, quick: bool, tiny: bool) -> dict:
+    import gpu_engine  # scripts/gpu_engine.py, imported here: the other parts never need it
+
+    return gpu_engine.engine(device, quick, tiny)
+
+
+def failures(report: dict) -> list[str]:
+    """The parts that raised or reported failures, one line each."""
+    found = []
+    for name, part in report.items():
+        if isinstance(part, dict):
+            found += [f"{name}: raised"] if "error" in part else [f"{name}: {f}" for f in part.get("failures", [])]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="gpu_check.json")
     p.add_argument("--quick", action="store_true", help="fewer examples and repeats")
+    p.add_argument("--tiny", action="store_true", help="engine: toy shapes of the same models (a CPU's run)")
     p.add_argument("--examples", type=int, default=10, help="invariance: hypothesis examples per model")
     p.add_argument("--only", default="", help="invariance: only the models whose name holds this")
     p.add_argument("--parts", default="telemetry,gemm,ops,invariance,lossless,bigbatch,cost")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     report: dict = {"device": args.device, "torch": torch.__version__}
     if args.device.startswith("cuda"):
         report["gpu"] = torch.cuda.get_device_name(0)
-    root = Path(tempfile.mkdtemp(prefix="gpu_check."))
+    root = functools.cache(lambda: Path(tempfile.mkdtemp(prefix="gpu_check.")))  # made by the parts that write
     parts = {
         "telemetry": lambda: telemetry(args.device),
         "gemm": lambda: gemm_classes(args.device),
         "ops": lambda: ops(args.device),
-        "invariance": lambda: invariance(args.device, root / "inv", 3 if args.quick else args.examples, args.only),
-        "lossless": lambda: lossless(args.device, root / "e2e"),
+        "invariance": lambda: invariance(args.device, root() / "inv", 3 if args.quick else args.examples, args.only),
+        "lossless": lambda: lossless(args.device, root() / "e2e"),
         "bigbatch": lambda: big_batch(args.device),
         "cost": lambda: gpu_costs.cost(args.device, args.quick),
         "blockcost": lambda: gpu_costs.block_cost(args.device, args.quick),
         "roofline": lambda: gpu_costs.roofline(args.device, args.quick),
-        "prometheus": lambda: prometheus(args.device, root / "prom"),
+        "prometheus": lambda: prometheus(args.device, root() / "prom"),
         "graphs": lambda: gpu_costs.graphs(args.device, args.quick),
         "bmmblocks": lambda: gpu_costs.bmm_blocks(args.device, args.quick),
+        "engine": lambda: engine(args.device, args.quick, args.tiny),
     }
     for name in args.parts.split(","):
         t0 = time.monotonic()
@@ -326,8 +349,12 @@ def main() -> None:
             f"== {name} ({time.monotonic() - t0:.1f} s)\n{json.dumps(report[name], indent=1, default=str)[:6000]}",
             flush=True,
         )
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    failed = failures(report)
+    print("FAILED:\n  " + "\n  ".join(failed) if failed else "no failures", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

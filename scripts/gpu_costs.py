@@ -7,6 +7,9 @@ checks, by name, and writes one report): docs/results.md, "On a GPU".
 - graphs: transformers' forward with a static cache, eager and replayed from a CUDA graph, against
   the roofline: what the launches cost.
 - bmmblocks: whether one batched GEMM gives the rows of the invariant forward's 64-row blocks.
+
+Their pieces (the runner's forward timed per case, the copy bandwidth, the bytes a forward moves,
+the catalog's price, transformers' graphed forward) also serve scripts/gpu_engine.py.
 """
 
 from __future__ import annotations
@@ -71,33 +74,43 @@ ROOFLINE_CASES = {  # name: (rows, tokens per row); decode and verify over a 256
 }
 
 
+def sync() -> None:
+    """Wait for the GPU's queued work, if this process uses one (a CPU has nothing queued)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _median_ms(call, repeat: int, digits: int = 2) -> float:
     """Median wall ms of ``repeat`` calls after two warm-up calls, the GPU synchronized around each."""
 
     times = []
     for i in range(repeat + 2):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         call()
-        torch.cuda.synchronize()
+        sync()
         if i >= 2:
             times.append((time.perf_counter() - t0) * 1e3)
     return round(statistics.median(times), digits)
 
 
-def _roofline_model(device: str, spec: str, shape, costs, eff, ctx: int, repeat: int) -> dict:
+def runner_times(model, cases: dict[str, tuple[int, int]], ctx: int, repeat: int) -> dict:
+    """{case: {"fast": ms, "invariant": ms}}: the median ms of specdec's ModelRunner forward per
+    case (rows, tokens per row): a "prefill" case from an empty cache, the others after ``ctx``
+    tokens of context in every row. Returns the runner too (its sizes price the roofline)."""
     from specdec.core.runner import ModelRunner
 
-    model = invariance._load(spec, "bfloat16", device)
-    runner = ModelRunner(model, num_slots=64, max_len=2048 + 8)
-    slots = [runner.alloc_slot() for _ in range(64)]
-    for i in range(0, 64, 8):
-        runner.forward(slots[i : i + 8], [[(7 * j) % 1000 for j in range(ctx)]] * 8, num_logits=0)
+    rows_max = max(rows for rows, _ in cases.values())
+    longest = max(width + (0 if case.startswith("prefill") else ctx) for case, (_, width) in cases.items())
+    runner = ModelRunner(model, num_slots=rows_max, max_len=longest + 8)
+    slots = [runner.alloc_slot() for _ in range(rows_max)]
+    for i in range(0, rows_max, 8):
+        runner.forward(slots[i : i + 8], [[(7 * j) % 1000 for j in range(ctx)]] * len(slots[i : i + 8]), num_logits=0)
     out = {}
-    for case, (rows, width) in ROOFLINE_CASES.items():  # the prefills last: they drop the context
-        prefill = case.startswith("prefill")
-        start, logits = (0, 1) if prefill else (ctx, width)
-        row = {}
+    for case, (rows, width) in sorted(cases.items(), key=lambda c: c[0].startswith("prefill")):
+        # the prefills last: they drop the context
+        start, logits = (0, 1) if case.startswith("prefill") else (ctx, width)
+        row = out[case] = {}
         for variant, invariant in (("fast", False), ("invariant", True)):
 
             def call(rows=rows, width=width, invariant=invariant, start=start, logits=logits):
@@ -106,12 +119,39 @@ def _roofline_model(device: str, spec: str, shape, costs, eff, ctx: int, repeat:
                 runner.forward(slots[:rows], [[7] * width] * rows, num_logits=logits, invariant=invariant)
 
             row[variant] = _median_ms(call, repeat)
+    return {case: out[case] for case in cases}, runner
+
+
+def copy_bandwidth_gbs(device: str, mib: int, repeat: int) -> float:
+    """The device's measured memory bandwidth, GB/s: a copy of ``mib`` MiB reads it and writes it."""
+    src = torch.ones(mib << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = _median_ms(lambda: dst.copy_(src), repeat, digits=4)
+    return round(2 * (mib << 20) / (ms / 1e3) / 1e9, 1)
+
+
+def bytes_roofline_ms(runner, rows: int, width: int, ctx: int, gbs: float) -> float:
+    """What a forward of ``rows`` x ``width`` new tokens after ``ctx`` cached ones costs if it only
+    moved its bytes at ``gbs``: every weight it multiplies by (the embedding is a lookup of a few
+    rows), and the keys and values of every row's context and new tokens, read once."""
+    weights = sum(w.nbytes for layer in runner.layers for w in vars(layer).values() if isinstance(w, torch.Tensor))
+    weights += runner.lm_head.nbytes + runner.final_norm.nbytes
+    kv_per_token = runner.k_cache[:, 0, :, 0].nbytes * 2  # keys and values, every layer and KV head
+    return round((weights + rows * (ctx + width) * kv_per_token) / (gbs * 1e9) * 1e3, 3)
+
+
+def _roofline_model(device: str, spec: str, shape, costs, eff, ctx: int, repeat: int) -> dict:
+    model = invariance._load(spec, "bfloat16", device)
+    out, runner = runner_times(model, ROOFLINE_CASES, ctx, repeat)
+    del runner
+    for case, (rows, width) in ROOFLINE_CASES.items():
+        prefill = case.startswith("prefill")
+        row = out[case]
         predicted = (costs.prefill_s(rows, width, 0) if prefill else costs.verify_s(rows, width, ctx)) * 1e3
         bound = predicted - shape.layers * eff.forward_overhead_ms_per_layer
         row["roofline"] = round(predicted, 3)
         row["fast / roofline"] = round(row["fast"] / predicted, 1)
         row["implied overhead ms per layer (fast)"] = round((row["fast"] - bound) / shape.layers, 3)
-        out[case] = row
     try:  # transformers' own eager decode with its cache, for scale
         from transformers import DynamicCache
 
@@ -131,23 +171,30 @@ def _roofline_model(device: str, spec: str, shape, costs, eff, ctx: int, repeat:
     return out
 
 
-def roofline(device: str, quick: bool) -> dict:
-    """The runner's forward on this GPU against the catalog's roofline for it (``specdec plan``'s
-    price, cluster/planning/costs.py), random Qwen2.5-Coder 1.5B and 0.5B shapes, bf16, context 256:
-    median ms per call of the fast and the invariant forward, transformers' own eager decode beside
-    them, and the per-layer overhead the measured time implies over the roofline's bound."""
+def catalog_costs(size: str):
+    """(catalog, its row for this GPU, the model's shape, RooflineCosts): ``specdec plan``'s price
+    (cluster/planning/costs.py) of Qwen2.5-Coder ``size`` ("1.5b" or "0.5b") on this GPU."""
     from cluster.planning.catalog import load_catalog
     from cluster.planning.costs import RooflineCosts
 
     catalog = load_catalog()
     gpu = "H200-SXM" if "H200" in torch.cuda.get_device_name(0) else "H100-SXM"
-    eff, ctx = catalog.efficiency, 256
-    out: dict = {"catalog device": gpu, "efficiency": vars(eff), "context": ctx, "models": {}}
+    shape = catalog.model(f"qwen2.5-coder-{size}-instruct")
+    return catalog, gpu, shape, RooflineCosts(shape, catalog.device(gpu), 1, None, None, catalog)
+
+
+def roofline(device: str, quick: bool) -> dict:
+    """The runner's forward on this GPU against the catalog's roofline for it (``specdec plan``'s
+    price, cluster/planning/costs.py), random Qwen2.5-Coder 1.5B and 0.5B shapes, bf16, context 256:
+    median ms per call of the fast and the invariant forward, transformers' own eager decode beside
+    them, and the per-layer overhead the measured time implies over the roofline's bound."""
+    ctx = 256
+    out: dict = {"context": ctx, "models": {}}
     for size in ("1.5b", "0.5b"):
-        spec, name = f"random:qwen2.5-{size}", f"qwen2.5-coder-{size}-instruct"
-        shape = catalog.model(name)
-        costs = RooflineCosts(shape, catalog.device(gpu), 1, None, None, catalog)
-        out["models"][name] = _roofline_model(device, spec, shape, costs, eff, ctx, 5 if quick else 12)
+        catalog, gpu, shape, costs = catalog_costs(size)
+        out |= {"catalog device": gpu, "efficiency": vars(catalog.efficiency)}
+        spec, eff = f"random:qwen2.5-{size}", catalog.efficiency
+        out["models"][shape.name] = _roofline_model(device, spec, shape, costs, eff, ctx, 5 if quick else 12)
         torch.cuda.empty_cache()
     return out
 
@@ -161,7 +208,7 @@ GRAPH_CASES = {
 }
 
 
-def _graph_case(model, device: str, rows: int, width: int, ctx: int, repeat: int) -> dict:
+def graph_case(model, device: str, rows: int, width: int, ctx: int, repeat: int) -> dict:
     from transformers import StaticCache
 
     # room for every call's tokens: transformers 5.x advances the cache's own position whatever
@@ -199,20 +246,14 @@ def graphs(device: str, quick: bool) -> dict:
     captured once in a CUDA graph then replayed, random Qwen2.5-Coder 1.5B and 0.5B shapes, bf16,
     context 256, with the catalog's roofline price beside (its efficiencies assume a tuned engine:
     does a graphed forward reach them?)."""
-    from cluster.planning.catalog import load_catalog
-    from cluster.planning.costs import RooflineCosts
-
-    catalog = load_catalog()
-    gpu = "H200-SXM" if "H200" in torch.cuda.get_device_name(0) else "H100-SXM"
-    out: dict = {"catalog device": gpu, "context": 256, "models": {}}
+    out: dict = {"context": 256, "models": {}}
     for size in ("1.5b", "0.5b"):
-        shape = catalog.model(f"qwen2.5-coder-{size}-instruct")
-        costs = RooflineCosts(shape, catalog.device(gpu), 1, None, None, catalog)
+        _, out["catalog device"], shape, costs = catalog_costs(size)
         model = invariance._load(f"random:qwen2.5-{size}", "bfloat16", device)
         rows_out = out["models"][shape.name] = {}
         for case, (rows, width) in GRAPH_CASES.items():
             try:
-                row = _graph_case(model, device, rows, width, 256, 5 if quick else 20)
+                row = graph_case(model, device, rows, width, 256, 5 if quick else 20)
             except Exception as exc:  # noqa: BLE001 - one case's failure must not hide the others'
                 row = {"error": f"{exc!r}"[:500]}
             row["roofline"] = round(costs.verify_s(rows, width, 256) * 1e3, 3)

@@ -137,35 +137,13 @@ def probe_ops(device: str) -> list[dict]:
 def _load(model_spec: str, dtype, device: str = "cpu", layers: int | None = None):
     """A model pack / hub id / folder, or `random:qwen2.5-1.5b` (random weights, that shape;
     ``layers``: only that many of its layers)."""
-    from specdec.core.models import load_model, parse_dtype
+    from specdec.core.models import load_model
 
     if not model_spec.startswith("random:"):
         return load_model(model_spec, dtype=dtype, device=device).model
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    import random_models  # scripts/random_models.py: the shapes every GPU script builds
 
-    shapes = {
-        "qwen2.5-1.5b": dict(
-            hidden_size=1536,
-            intermediate_size=8960,
-            num_hidden_layers=28,
-            num_attention_heads=12,
-            num_key_value_heads=2,
-            vocab_size=151936,
-        ),
-        "qwen2.5-0.5b": dict(
-            hidden_size=896,
-            intermediate_size=4864,
-            num_hidden_layers=24,
-            num_attention_heads=14,
-            num_key_value_heads=2,
-            vocab_size=151936,
-        ),
-    }
-    shape = shapes[model_spec.removeprefix("random:")] | ({"num_hidden_layers": layers} if layers else {})
-    config = Qwen2Config(use_sliding_window=False, tie_word_embeddings=False, **shape)
-    torch.manual_seed(0)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype)).eval()
+    return random_models.build(model_spec.removeprefix("random:"), dtype, device, layers=layers)
 
 
 def time_cost(model_spec: str, dtype: str, context_len: int, repeat: int, device: str = "cpu") -> dict:
