@@ -36,7 +36,9 @@ def quantize_int8(w: torch.Tensor) -> Int8Weight:
     return Int8Weight(q.contiguous(), scale.to(w.dtype), w)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | Int8Weight | PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, w: torch.Tensor | Int8Weight | PackedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
         return F.linear(x, w, bias)
     if isinstance(w, PackedWeight):
