@@ -1,4 +1,5 @@
-"""`specdec bench runner`: our runner vs transformers' forward with its own cache, side by side."""
+"""`specdec bench runner`: our runner vs transformers' forward with its own cache, side by side, and
+the runner with its weights in the plain layout (specdec/core/packed.py: what packing buys)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ class Case:
     name: str
     runner_ms: float
     transformers_ms: float
+    plain_ms: float  # the runner over plain [out, in] weights (F.linear), where packing applies
+
 
     @property
     def speedup(self) -> float:  # > 1: the runner is faster
@@ -95,19 +98,22 @@ def bench_runner(
         torch.set_num_threads(threads)
     loaded = load_model(model_spec, dtype=dtype)
     runner = ModelRunner(loaded.model, num_slots=8, max_len=context_len + 8)
+    plain = ModelRunner(loaded.model, num_slots=8, max_len=context_len + 8, pack_weights=False)
     context = list(range(100, 100 + context_len))
     cases = []
     for name, batch, new in CASES:
         progress(name)
         r = _runner_case(runner, batch, context, new, repeat)
         t = _hf_case(loaded.model, batch, context, new, repeat)
-        cases.append(Case(name, r, t))
+        p = _runner_case(plain, batch, context, new, repeat) if runner.packed else r
+        cases.append(Case(name, r, t, p))
     return {
         "model": model_spec,
         "dtype": dtype,
         "context_len": context_len,
         "repeat": repeat,
         "threads": torch.get_num_threads(),
+        "packed": runner.packed,
         "cases": [asdict(c) | {"speedup": round(c.speedup, 3)} for c in cases],
     }
 
@@ -161,8 +167,13 @@ def format_table(result: dict) -> str:
     lines = [
         f"{result['model']} ({result['dtype']}, context {result['context_len']}, "
         f"{result['threads']} threads, median of {result['repeat']})",
-        f"{'case':<22}{'runner ms':>12}{'transformers ms':>17}{'ratio':>8}",
+        f"{'case':<22}{'runner ms':>12}{'transformers ms':>17}{'ratio':>8}{'plain weights ms':>18}{'ratio':>8}",
     ]
     for c in result["cases"]:
-        lines.append(f"{c['name']:<22}{c['runner_ms']:>12.1f}{c['transformers_ms']:>17.1f}{c['speedup']:>7.2f}x")
+        lines.append(
+            f"{c['name']:<22}{c['runner_ms']:>12.1f}{c['transformers_ms']:>17.1f}{c['speedup']:>7.2f}x"
+            f"{c['plain_ms']:>18.1f}{c['plain_ms'] / c['runner_ms']:>7.2f}x"
+        )
+    if not result["packed"]:
+        lines.append("(oneDNN cannot pack these weights here: the runner ran on plain weights)")
     return "\n".join(lines)

@@ -8,8 +8,9 @@ from specdec.bench.runner import bench_runner, format_sweep, format_table, forwa
 def test_bench_runner_times_every_case(tiny_paths):
     result = bench_runner(str(tiny_paths["llama"]), dtype="float32", context_len=16, repeat=2)
     assert [c["name"] for c in result["cases"]] == ["decode b=1", "decode b=8", "verify 5 tokens b=1"]
-    assert all(c["runner_ms"] > 0 and c["transformers_ms"] > 0 for c in result["cases"])
-    assert "verify 5 tokens b=1" in format_table(result)
+    assert all(c["runner_ms"] > 0 and c["transformers_ms"] > 0 and c["plain_ms"] > 0 for c in result["cases"])
+    assert result["packed"] is True  # float32 packs wherever oneDNN is built in, as in torch's CPU wheels
+    assert "verify 5 tokens b=1" in format_table(result) and "plain weights ms" in format_table(result)
 
 
 def test_forward_sweep_reports_each_size_relative_to_the_first(tiny_paths):
