@@ -21,7 +21,6 @@ class Case:
     transformers_ms: float
     plain_ms: float  # the runner over plain [out, in] weights (F.linear), where packing applies
 
-
     @property
     def speedup(self) -> float:  # > 1: the runner is faster
         return self.transformers_ms / self.runner_ms
