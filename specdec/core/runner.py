@@ -33,6 +33,7 @@ from specdec.core.attention import (
 )
 from specdec.core.packed import PackedWeight, pack, packing_supported
 from specdec.core.quant import Int8Weight, int8_supported, linear, quantize_int8
+from specdec.core.static_step import StaticSteps
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +136,18 @@ class ModelRunner:
         vocab_subset: Sequence[int] | None = None,
         invariant_numerics: bool = True,
         pack_weights: bool = True,
+        static_shapes: bool | None = None,
+        static_max_width: int = 16,
     ):
         """`weight_quant="int8"` and `vocab_subset` (the token ids the lm_head may produce) make a
         cheaper drafter; logits of tokens outside the subset come back as -inf. Never use them on
         a target: its outputs must not change. `invariant_numerics` is the default of `forward`'s
         `invariant`: a target needs it for lossless greedy and seeded output in every dtype; a
         drafter does not (its numbers may change), and int8 weights are never invariant.
-        `pack_weights`: dense CPU weights are laid out once for oneDNN (specdec/core/packed.py)."""
+        `pack_weights`: dense CPU weights are laid out once for oneDNN (specdec/core/packed.py).
+        `static_shapes` (default: on a GPU only) runs decode and verify batches of rows up to
+        `static_max_width` tokens at bucketed static shapes, which `capture` turns into CUDA graphs
+        (specdec/core/static_step.py)."""
         _check_supported(model)
         config = model.config
         self.config = config
@@ -180,6 +186,10 @@ class ModelRunner:
             self.pack_weights()
         else:
             self._check_padding_rule()
+        if static_shapes is None:
+            static_shapes = self.device.type == "cuda"
+        self.static: StaticSteps | None = None
+        self.static_max_width = static_max_width if static_shapes else 0
         self.alloc_kv_cache()
         self.lengths = [0] * num_slots
         self.slot_tokens: list[list[int]] = [[] for _ in range(num_slots)]
@@ -208,10 +218,23 @@ class ModelRunner:
     def alloc_kv_cache(self) -> None:
         """Empty K and V caches for every slot at the current ``num_kv_heads`` (specdec.core.tp
         calls it again after sharding the heads). Whole key blocks: the invariant attention reads
-        past max_len up to the next block boundary."""
-        shape = (len(self.layers), self.num_slots, self.num_kv_heads, padded_span(self.max_len), self.head_dim)
+        past max_len up to the next block boundary. With static shapes, one slot more: the scratch
+        slot (index ``num_slots``, never handed out) that a static step's padding writes its keys
+        and values to. The static steps are made anew: graphs captured over the old cache and
+        weights would write to memory no longer in use."""
+        extra = 1 if self.static_max_width else 0
+        shape = (len(self.layers), self.num_slots + extra, self.num_kv_heads, padded_span(self.max_len), self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self.static_max_width:
+            self.static = StaticSteps(self, self.static_max_width)
+
+    def capture(self) -> dict:
+        """On a GPU, capture a CUDA graph of every static bucket (start-up, after any tensor-parallel
+        sharding); elsewhere nothing. Returns what was captured (`StaticSteps.capture`)."""
+        if self.static is None:
+            return {"buckets": [], "seconds": 0.0, "bytes": 0}
+        return self.static.capture()
 
     # ---- slots -------------------------------------------------------------------------------
     def alloc_slot(self) -> int:
@@ -278,23 +301,50 @@ class ModelRunner:
         rest of the forward: its row's length, the other rows, padding.
         """
         invariant = self.invariant_numerics if invariant is None else invariant
-        batch = _Batch.plan(self, slots, tokens, num_logits, invariant)
-        dev, n, rows = self.device, batch.tokens, batch.rows
+        n_logits, lens, starts = _check_rows(self, slots, tokens, num_logits)
+        if self.static is not None and self.static.fits(lens):
+            # Decode and verify: bucketed static shapes, each row's numbers as below (static_step.py).
+            logits = self.static.run(slots, tokens, lens, starts, n_logits, invariant)
+        else:
+            logits = self._eager(_Batch.plan(self, slots, tokens, n_logits, lens, starts, invariant), tokens, invariant)
+        for slot, row, start in zip(slots, tokens, starts):
+            self.lengths[slot] = start + len(row)
+            self.slot_tokens[slot].extend(int(t) for t in row)
+        return logits
 
+    def _eager(self, batch: _Batch, tokens: Sequence[Sequence[int]], invariant: bool) -> list[torch.Tensor]:
+        """The forward at the batch's own shapes: prefill, and whatever the static buckets do not hold."""
+        dev, n, rows = self.device, batch.tokens, batch.rows
         ids = torch.zeros(rows, dtype=torch.long)
         ids[:n] = torch.as_tensor([t for row in tokens for t in row], dtype=torch.long)
-        if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
-            raise RunnerError(f"token ids must be in [0, {self.vocab_size})")
         ids = ids.to(dev)
         positions = torch.zeros(rows, dtype=torch.long, device=dev)
         positions[:n] = batch.pack(batch.positions)
         write_slot = batch.slot_t.repeat_interleave(batch.lens_t)
         bias = hidden_keys_bias(batch.positions, padded_span(batch.span)) if invariant else None
 
-        x = F.embedding(ids, self.embed)  # [rows, hidden]: the tokens of all rows, packed
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.k_cache[i][write_slot, :, positions[:n]] = k[:n]
+            self.v_cache[i][write_slot, :, positions[:n]] = v[:n]
+            attn = self._attention(i, q[:n], batch, bias)
+            return F.pad(attn, (0, 0, 0, rows - n)) if rows > n else attn
+
+        x = self._layers(F.embedding(ids, self.embed), positions, invariant, attend)
+        return self._logits(x, batch, invariant)
+
+    def _layers(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        invariant: bool,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """The decoder layers over packed rows x [rows, hidden] at `positions` [rows]. `attend(layer,
+        q, k, v)` stores the new keys and values and returns the attention [rows, heads * head_dim]:
+        the eager and the static forward differ only there, so every other operation is one code."""
         cos, sin = self.rotary(x, positions.clamp_max(self.max_len - 1)[None])
         cos, sin = cos[0, :, None], sin[0, :, None]  # [rows, 1, D]
-        d = self.head_dim
+        rows, d = x.shape[0], self.head_dim
         for i, w in enumerate(self.layers):
             h = self._rms(x, w.input_norm)
             q = self._linear(h, w.q, w.q_bias, invariant).view(rows, -1, d)
@@ -302,21 +352,12 @@ class ModelRunner:
             v = self._linear(h, w.v, w.v_bias, invariant).view(rows, -1, d)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            self.k_cache[i][write_slot, :, positions[:n]] = k[:n]
-            self.v_cache[i][write_slot, :, positions[:n]] = v[:n]
-            attn = self._attention(i, q[:n], batch, bias)
-            if rows > n:
-                attn = F.pad(attn, (0, 0, 0, rows - n))
-            x = x + self._reduce(self._linear(attn, w.o, None, invariant))
+            x = x + self._reduce(self._linear(attend(i, q, k, v), w.o, None, invariant))
             h = self._rms(x, w.post_norm)
             gate = self._linear(h, w.gate, None, invariant)
             act = _silu(gate) if invariant else F.silu(gate)
             x = x + self._reduce(self._linear(act * self._linear(h, w.up, None, invariant), w.down, None, invariant))
-
-        for slot, row, start in zip(slots, tokens, batch.starts):
-            self.lengths[slot] = start + len(row)
-            self.slot_tokens[slot].extend(int(t) for t in row)
-        return self._logits(x, batch, invariant)
+        return x
 
     def _linear(self, x: torch.Tensor, w, bias: torch.Tensor | None, invariant: bool) -> torch.Tensor:
         """x [M, in] @ w; the invariant forward runs it in blocks of `gemm_block` rows where set."""
@@ -367,6 +408,30 @@ class ModelRunner:
         return list(torch.split(logits, batch.num_logits))
 
 
+def _check_rows(
+    runner: ModelRunner, slots: Sequence[int], tokens: Sequence[Sequence[int]], num_logits: int | Sequence[int]
+) -> tuple[list[int], list[int], list[int]]:
+    """Refuse a forward before it changes anything; return each row's logit count, length and start."""
+    batch = len(slots)
+    if batch == 0 or batch != len(tokens):
+        raise RunnerError("forward needs one token list per slot and at least one row")
+    if len(set(slots)) != batch:
+        raise RunnerError("a slot appears twice in one batch")
+    n_logits = [num_logits] * batch if isinstance(num_logits, int) else list(num_logits)
+    lens = [len(t) for t in tokens]
+    starts = [runner.lengths[s] for s in slots]
+    for slot, start, n, k in zip(slots, starts, lens, n_logits):
+        if n == 0:
+            raise RunnerError(f"slot {slot}: empty token list")
+        if start + n > runner.max_len:
+            raise ContextFull(f"slot {slot}: {start} + {n} tokens exceed the context of {runner.max_len}")
+        if not 0 <= k <= n:
+            raise RunnerError(f"slot {slot}: num_logits {k} outside [0, {n}]")
+    if min(min(row) for row in tokens) < 0 or max(max(row) for row in tokens) >= runner.vocab_size:
+        raise RunnerError(f"token ids must be in [0, {runner.vocab_size})")
+    return n_logits, lens, starts
+
+
 @dataclass
 class _Batch:
     """Where the tokens of a ragged forward sit: packed [n] for the GEMMs, [B, width] for attention."""
@@ -394,24 +459,12 @@ class _Batch:
         runner: ModelRunner,
         slots: Sequence[int],
         tokens: Sequence[Sequence[int]],
-        num_logits: int | Sequence[int],
+        n_logits: list[int],
+        lens: list[int],
+        starts: list[int],
         invariant: bool,
     ) -> _Batch:
         batch = len(slots)
-        if batch == 0 or batch != len(tokens):
-            raise RunnerError("forward needs one token list per slot and at least one row")
-        if len(set(slots)) != batch:
-            raise RunnerError("a slot appears twice in one batch")
-        n_logits = [num_logits] * batch if isinstance(num_logits, int) else list(num_logits)
-        lens = [len(t) for t in tokens]
-        starts = [runner.lengths[s] for s in slots]
-        for slot, start, n, k in zip(slots, starts, lens, n_logits):
-            if n == 0:
-                raise RunnerError(f"slot {slot}: empty token list")
-            if start + n > runner.max_len:
-                raise ContextFull(f"slot {slot}: {start} + {n} tokens exceed the context of {runner.max_len}")
-            if not 0 <= k <= n:
-                raise RunnerError(f"slot {slot}: num_logits {k} outside [0, {n}]")
         dev = runner.device
         width, n = max(lens), sum(lens)
         if invariant:
