@@ -232,9 +232,13 @@ class ModelRunner:
     def capture(self) -> dict:
         """On a GPU, capture a CUDA graph of every static bucket (start-up, after any tensor-parallel
         sharding); elsewhere nothing. Returns what was captured (`StaticSteps.capture`)."""
-        if self.static is None:
-            return {"buckets": [], "seconds": 0.0, "bytes": 0}
-        return self.static.capture()
+        return self.static.capture() if self.static is not None else self.captured
+
+    @property
+    def captured(self) -> dict:
+        """What `capture` captured: {buckets: [{batch, width, span}], seconds, bytes}; empty lists
+        and zeros where nothing was (a CPU, static shapes off, tensor parallelism)."""
+        return self.static.captured if self.static is not None else {"buckets": [], "seconds": 0.0, "bytes": 0}
 
     # ---- slots -------------------------------------------------------------------------------
     def alloc_slot(self) -> int:

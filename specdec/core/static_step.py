@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -112,6 +113,7 @@ class StaticSteps:
         self.logits = torch.zeros(self.max_rows, runner.lm_head.shape[0], dtype=runner.dtype, device=dev)
         self.graphs: dict[tuple[Bucket, bool], torch.cuda.CUDAGraph] = {}
         self.captured: dict = {"buckets": [], "seconds": 0.0, "bytes": 0}
+        self.runs: Counter[Bucket] = Counter()  # steps run per bucket, for reports and tests
 
     # ---- routing ---------------------------------------------------------------------------------
     def fits(self, lens: Sequence[int]) -> bool:
@@ -149,6 +151,7 @@ class StaticSteps:
         """The runner's forward of checked rows at their bucket: logits [n_logits[b], vocab] per row
         (float32). The caller (ModelRunner.forward) keeps the slots' lengths and tokens."""
         bucket = self.bucket(lens, starts)
+        self.runs[bucket] += 1
         self._fill(bucket, slots, tokens, starts)
         graph = self.graphs.get((bucket, invariant))
         if graph is not None:
