@@ -114,6 +114,7 @@ class StaticSteps:
         self.graphs: dict[tuple[Bucket, bool], torch.cuda.CUDAGraph] = {}
         self.captured: dict = {"buckets": [], "seconds": 0.0, "bytes": 0}
         self.runs: Counter[Bucket] = Counter()  # steps run per bucket, for reports and tests
+        self.loops: Counter[Bucket] = Counter()  # greedy loops of several steps (static_greedy.py)
 
     # ---- routing ---------------------------------------------------------------------------------
     def fits(self, lens: Sequence[int]) -> bool:
@@ -121,11 +122,15 @@ class StaticSteps:
         return len(lens) <= self.batches[-1] and max(lens) <= self.widths[-1]
 
     def bucket(self, lens: Sequence[int], starts: Sequence[int]) -> Bucket:
-        span = padded_span(max(s + n for s, n in zip(starts, lens)))
+        """The smallest bucket holding rows of these lengths appended at these cache lengths."""
+        return self.bucket_of(len(lens), max(lens), max(s + n for s, n in zip(starts, lens)))
+
+    def bucket_of(self, batch: int, width: int, end: int) -> Bucket:
+        """The smallest bucket of `batch` rows of `width` tokens whose keys reach position `end` - 1."""
         return Bucket(
-            _first_at_least(self.batches, len(lens)),
-            _first_at_least(self.widths, max(lens)),
-            _first_at_least(self.spans, span),
+            _first_at_least(self.batches, batch),
+            _first_at_least(self.widths, width),
+            _first_at_least(self.spans, padded_span(end)),
         )
 
     def rows(self, bucket: Bucket, invariant: bool) -> int:
@@ -133,7 +138,8 @@ class StaticSteps:
         tokens = bucket.batch * bucket.width
         return gemm_rows(tokens, self.runner.dtype) if invariant else tokens
 
-    def _views(self, bucket: Bucket, invariant: bool) -> tuple[torch.Tensor, ...]:
+    def views(self, bucket: Bucket, invariant: bool) -> tuple[torch.Tensor, ...]:
+        """A bucket's static inputs: token ids and positions [rows], write slots [tokens], row slots."""
         rows, tokens, (a, b, c, d) = self.rows(bucket, invariant), bucket.batch * bucket.width, self._at
         inp = self.inputs
         return inp[a : a + rows], inp[b : b + rows], inp[c : c + tokens], inp[d : d + bucket.batch]
@@ -152,7 +158,7 @@ class StaticSteps:
         (float32). The caller (ModelRunner.forward) keeps the slots' lengths and tokens."""
         bucket = self.bucket(lens, starts)
         self.runs[bucket] += 1
-        self._fill(bucket, slots, tokens, starts)
+        self.fill(bucket, slots, tokens, starts)
         graph = self.graphs.get((bucket, invariant))
         if graph is not None:
             graph.replay()
@@ -160,7 +166,7 @@ class StaticSteps:
             self.step(bucket, invariant)
         return self._copy_out(bucket, lens, n_logits)
 
-    def _fill(self, bucket: Bucket, slots: Sequence[int], tokens: Sequence[Sequence[int]], starts: list[int]) -> None:
+    def fill(self, bucket: Bucket, slots: Sequence[int], tokens: Sequence[Sequence[int]], starts: list[int]) -> None:
         """Host side: lay the rows out at [row * width + t], then copy them in at once."""
         w, (a, b, c, d) = bucket.width, self._at
         host = [0] * self.inputs.numel()
@@ -179,7 +185,7 @@ class StaticSteps:
         """The forward of a bucket over the static inputs into ``self.logits``: fixed shapes, no host
         synchronisation, so a CUDA graph can record it."""
         r = self.runner
-        ids, positions, write_slot, row_slot = self._views(bucket, invariant)
+        ids, positions, write_slot, row_slot = self.views(bucket, invariant)
         rows, (batch, width, span) = ids.shape[0], (bucket.batch, bucket.width, bucket.span)
         tokens = batch * width
         q_width = query_width(width, r.num_heads, r.num_kv_heads) if invariant else width

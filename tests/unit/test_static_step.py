@@ -4,7 +4,9 @@ A decode or verify batch run at its bucket (padding rows, padding columns, a lar
 scratch slot) gets logits bitwise equal to the runner's eager forward at the batch's own shapes, in
 bf16 and float32, on tiny Llama and Qwen2 models and SmolLM2-135M, with rollbacks between steps; the
 engine's greedy and seeded tokens are the same with static shapes on and off (draft model drafter,
-chunked prefill). Padding written into a real slot instead of the scratch slot is caught.
+chunked prefill). Padding written into a real slot instead of the scratch slot is caught. Greedy
+drafting with the argmax fed back on the device (specdec/core/static_greedy.py) picks what one
+forward per token picks.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from specdec.core.drafters import ModelDrafter
+from specdec.core.drafters import DraftInput, ModelDrafter
 from specdec.core.engine import KPolicy, SpecEngine
-from specdec.core.params import SamplingParams
+from specdec.core.params import SamplingParams, VerifyMode
 from specdec.core.runner import ModelRunner, SlotsExhausted
+from specdec.core.static_greedy import greedy_steps
 from specdec.core.static_step import Bucket, StaticSteps, ladder, span_buckets
 from tests.conftest import load_hf
 
@@ -161,3 +164,57 @@ def test_engine_tokens_are_the_same_with_static_shapes(tiny_paths, dtype):
                     assert engine.drafter.runner.static.runs
             assert out[True] == out[False], f"temperature {params.temperature}, chunks of {chunk}"
             assert all(len(t) == 24 for t in out[True])
+
+
+@pytest.mark.parametrize("subset", [False, True], ids=["vocab", "vocab-subset"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_greedy_steps_pick_what_one_forward_per_token_picks(tiny_paths, dtype, subset):
+    """Rows at mixed cache lengths (one crossing from the 64-key span bucket into the 128 one), six
+    steps with the argmax fed back on the device: the picks, the slots' tokens and the next logits
+    are those of one eager forward per token."""
+    model = load_hf(tiny_paths["qwen2"], dtype=dtype)
+    vocab = list(range(0, model.config.vocab_size, 2)) if subset else None
+    eager = ModelRunner(model, num_slots=4, max_len=MAX_LEN, vocab_subset=vocab, static_shapes=False)
+    static = ModelRunner(model, num_slots=4, max_len=MAX_LEN, vocab_subset=vocab, static_shapes=True)
+    static.static = StaticSteps(static, max_width=16, min_span=MIN_SPAN)
+    rng = random.Random(4)
+    prompts = [[rng.randrange(model.config.vocab_size) for _ in range(n)] for n in (60, 7, 33)]
+    slots = [eager.alloc_slot() for _ in prompts]
+    [static.alloc_slot() for _ in prompts]
+    _both(eager, static, slots, prompts, [0, 0, 0], "prefill")
+    first = [5, 6, 7]
+    picks = greedy_steps(static, slots, first, 6)
+    want, feed = [[] for _ in slots], first
+    for _ in range(6):
+        logits = eager.forward(slots, [[t] for t in feed])
+        feed = [int(row[0].argmax()) for row in logits]
+        for w, t in zip(want, feed):
+            w.append(t)
+    assert picks == want
+    assert static.lengths == eager.lengths and static.slot_tokens == eager.slot_tokens
+    _both(eager, static, slots, [[t[-1]] for t in want], [1, 1, 1], "the step after")
+    assert static.static.loops == {Bucket(4, 1, 128): 1}
+
+
+def test_a_greedy_drafter_drafts_the_same_on_the_device(tiny_paths):
+    """ModelDrafter on an invariant draft runner: the same greedy drafts with static shapes (its steps
+    after the first in one call) as without, for rows that start from different cache states."""
+    model = load_hf(tiny_paths["llama-draft"], dtype=torch.bfloat16)
+    rng = random.Random(6)
+    prompts = [[rng.randrange(3, 250) for _ in range(n)] for n in (12, 30, 5)]
+    drafts = {}
+    for static in (False, True):
+        runner = ModelRunner(model, num_slots=3, max_len=128, static_shapes=static)
+        drafter = ModelDrafter(runner)
+        rounds = []
+        for extra in range(3):  # three rounds, a token committed between them
+            inputs = [
+                DraftInput(f"r{i}", p + list(range(9, 9 + extra)), SamplingParams(max_tokens=8), VerifyMode.GREEDY, 5)
+                for i, p in enumerate(prompts)
+            ]
+            rounds.append([d.tokens for d in drafter.propose(inputs)])
+        drafts[static] = rounds
+        if static:  # four of each round's five tokens came from one call of four steps
+            assert runner.static.loops == {Bucket(3, 1, 128): 3}
+    assert drafts[True] == drafts[False]
+    assert all(len(t) == 5 for rounds in drafts.values() for r in rounds for t in r)
