@@ -26,8 +26,9 @@ from specdec.core.static_step import Bucket
 
 
 def can_draft_greedily(runner: ModelRunner) -> bool:
-    """Static shapes on, and no vocabulary slices to join across ranks (tensor parallelism)."""
-    return runner.static is not None and runner.gather_logits is None
+    """Static shapes on, and no tensor parallelism: the loop runs on this rank alone, while ranks in
+    lockstep (specdec/core/lockstep.py) follow `forward` calls only."""
+    return runner.static is not None and runner.all_reduce is None and runner.gather_logits is None
 
 
 @torch.inference_mode()
