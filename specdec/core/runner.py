@@ -334,7 +334,8 @@ class ModelRunner:
             return F.pad(attn, (0, 0, 0, rows - n)) if rows > n else attn
 
         x = self._layers(F.embedding(ids, self.embed), positions, invariant, attend)
-        return self._logits(x, batch, invariant)
+        picked = [i for at, n, k in zip(batch.offsets, batch.lens, batch.num_logits) for i in range(at + n - k, at + n)]
+        return self._logits(x, picked, batch.num_logits, invariant)
 
     def _layers(
         self,
@@ -393,15 +394,16 @@ class ModelRunner:
             out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1])
         return batch.pack(out.transpose(1, 2).reshape(b, width, -1))
 
-    def _logits(self, x: torch.Tensor, batch: _Batch, invariant: bool) -> list[torch.Tensor]:
-        """Only the requested positions go through the final norm and the (large) lm_head."""
-        picked = [i for at, n, k in zip(batch.offsets, batch.lens, batch.num_logits) for i in range(at + n - k, at + n)]
+    def _logits(self, x: torch.Tensor, picked: list[int], num_logits: list[int], invariant: bool) -> list[torch.Tensor]:
+        """Logits of the rows `picked` of x, split `num_logits` per batch row. Only the requested
+        positions go through the final norm and the (large) lm_head, in the eager forward and after
+        a static step alike."""
         if not picked:
-            return [x.new_empty(0, self.vocab_size, dtype=torch.float32) for _ in batch.slots]
+            return [x.new_empty(0, self.vocab_size, dtype=torch.float32) for _ in num_logits]
         h = x[torch.tensor(picked, device=self.device)]
         if invariant:
             h = F.pad(h, (0, 0, 0, gemm_rows(len(picked), self.dtype) - len(picked)))
-        logits = self._linear(self._rms(h, self.final_norm), self.lm_head, None, invariant)
+        logits = self._head(h, invariant)
         if self.gather_logits is not None:
             logits = self.gather_logits(logits)
         logits = logits[: len(picked)].float()
@@ -409,7 +411,11 @@ class ModelRunner:
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
             full[:, self.vocab_ids] = logits
             logits = full
-        return list(torch.split(logits, batch.num_logits))
+        return list(torch.split(logits, num_logits))
+
+    def _head(self, h: torch.Tensor, invariant: bool) -> torch.Tensor:
+        """The final norm and the lm_head (this rank's vocabulary slice), in the model's dtype."""
+        return self._linear(self._rms(h, self.final_norm), self.lm_head, None, invariant)
 
 
 def _check_rows(

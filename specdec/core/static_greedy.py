@@ -57,7 +57,7 @@ def _loop(runner: ModelRunner, bucket: Bucket, steps: int) -> torch.Tensor:
     """[steps, batch] argmaxes; fixed shapes, no host synchronisation."""
     static, invariant = runner.static, runner.invariant_numerics
     ids, positions, _, _ = static.views(bucket, invariant)
-    batch = bucket.batch
+    batch, rows = bucket.batch, ids.shape[0]
     out = torch.empty(steps, batch, dtype=torch.long, device=runner.device)
     graph = static.graphs.get((bucket, invariant))  # each step replays the bucket's graph where captured
     for j in range(steps):
@@ -65,9 +65,10 @@ def _loop(runner: ModelRunner, bucket: Bucket, steps: int) -> torch.Tensor:
             graph.replay()
         else:
             static.step(bucket, invariant)
-        # argmax takes the first of equal maxima, as over the float32 logits `forward` returns
-        # (the lm_head's dtype rounds nothing more); a vocabulary subset maps back to token ids.
-        pick = static.logits[:batch].argmax(-1)
+        # The head over every row of the bucket (rows the attention rule pads to, as `_logits`
+        # does). argmax takes the first of equal maxima, as over the float32 logits `forward`
+        # returns (the model's dtype rounds nothing more); a vocabulary subset maps back to ids.
+        pick = runner._head(static.hidden[:rows], invariant)[:batch].argmax(-1)
         if runner.vocab_ids is not None:
             pick = runner.vocab_ids[pick]
         out[j] = pick

@@ -20,8 +20,12 @@ written to, each row's slot), filled by one copy; the bias that hides keys is ma
 inside the step. Padding tokens are token 0 at position 0 and write their keys and values to the
 runner's *scratch slot* (one KV slot past ``num_slots``, never handed out), so no real slot changes
 but at the real tokens' positions. Padding rows attend over the scratch slot; padding queries of a
-real row see key 0 only. Their outputs are finite and unused. The step's lm_head runs over every row
-into a static buffer; the real rows' requested positions are copied out after it.
+real row see key 0 only. Their outputs are finite and unused. The step ends with the last hidden
+states in a static buffer; the requested positions of the real rows go through the final norm and
+the lm_head after it, by the eager forward's own code (`ModelRunner._logits`), as nano-vllm computes
+logits after its graph: the lm_head, the largest GEMM of a small model, never runs over padding or
+over positions nobody asked logits of (a prompt chunk), and the buffer holds [rows, hidden], not
+[rows, vocabulary].
 
 Lossless (docs/design.md, invariant 2): a real row's numbers do not depend on its bucket. The weight
 GEMMs run over ``gemm_rows(batch * width)`` rows, which rounds every row as any other such count does
@@ -111,7 +115,7 @@ class StaticSteps:
         # One buffer, one copy in: ids [max_rows], positions [max_rows], write slots [tokens], row slots.
         self._at = (0, self.max_rows, 2 * self.max_rows, 2 * self.max_rows + tokens)
         self.inputs = torch.zeros(self._at[-1] + self.batches[-1], dtype=torch.long, device=dev)
-        self.logits = torch.zeros(self.max_rows, runner.lm_head.shape[0], dtype=runner.dtype, device=dev)
+        self.hidden = torch.zeros(self.max_rows, runner.embed.shape[1], dtype=runner.dtype, device=dev)
         self.graphs: dict[tuple[Bucket, bool], torch.cuda.CUDAGraph] = {}
         self.captured: dict = {"buckets": [], "seconds": 0.0, "bytes": 0}
         self.runs: Counter[Bucket] = Counter()  # steps run per bucket, for reports and tests
@@ -165,7 +169,7 @@ class StaticSteps:
             graph.replay()
         else:
             self.step(bucket, invariant)
-        return self._copy_out(bucket, lens, n_logits)
+        return self._copy_out(bucket, lens, n_logits, invariant)
 
     def fill(self, bucket: Bucket, slots: Sequence[int], tokens: Sequence[Sequence[int]], starts: list[int]) -> None:
         """Host side: lay the rows out at [row * width + t], then copy them in at once."""
@@ -183,7 +187,7 @@ class StaticSteps:
         self.inputs.copy_(torch.tensor(host, dtype=torch.long))
 
     def step(self, bucket: Bucket, invariant: bool) -> None:
-        """The forward of a bucket over the static inputs into ``self.logits``: fixed shapes, no host
+        """The forward of a bucket over the static inputs into ``self.hidden``: fixed shapes, no host
         synchronisation, so a CUDA graph can record it."""
         r = self.runner
         ids, positions, write_slot, row_slot = self.views(bucket, invariant)
@@ -213,24 +217,13 @@ class StaticSteps:
             out = out.transpose(1, 2)[:, :width].reshape(tokens, -1)
             return F.pad(out, (0, 0, 0, rows - tokens))
 
-        x = r._layers(F.embedding(ids, r.embed), positions, invariant, attend)
-        self.logits[:rows] = r._linear(r._rms(x, r.final_norm), r.lm_head, None, invariant)
+        self.hidden[:rows] = r._layers(F.embedding(ids, r.embed), positions, invariant, attend)
 
-    def _copy_out(self, bucket: Bucket, lens: list[int], n_logits: list[int]) -> list[torch.Tensor]:
-        """The requested positions of the real rows, as `ModelRunner._logits` returns them."""
-        r, w = self.runner, bucket.width
+    def _copy_out(self, bucket: Bucket, lens: list[int], n_logits: list[int], invariant: bool) -> list[torch.Tensor]:
+        """Logits of the real rows' requested positions, by the eager forward's code."""
+        w = bucket.width
         picked = [b * w + t for b, (n, k) in enumerate(zip(lens, n_logits)) for t in range(n - k, n)]
-        if not picked:
-            return [self.logits.new_empty(0, r.vocab_size, dtype=torch.float32) for _ in lens]
-        logits = self.logits[torch.tensor(picked, device=r.device)]
-        if r.gather_logits is not None:
-            logits = r.gather_logits(logits)
-        logits = logits.float()
-        if r.vocab_ids is not None:
-            full = logits.new_full((logits.shape[0], r.vocab_size), float("-inf"))
-            full[:, r.vocab_ids] = logits
-            logits = full
-        return list(torch.split(logits, n_logits))
+        return self.runner._logits(self.hidden, picked, n_logits, invariant)
 
     # ---- CUDA graphs -------------------------------------------------------------------------------
     def all_buckets(self) -> list[Bucket]:
@@ -245,7 +238,7 @@ class StaticSteps:
         r = self.runner
         if r.device.type != "cuda":
             return self.captured
-        if r.all_reduce is not None or r.gather_logits is not None:
+        if r.all_reduce is not None:
             log.info("static steps: tensor-parallel collectives are not captured; running eagerly")
             return self.captured
         invariant = r.invariant_numerics
