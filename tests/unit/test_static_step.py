@@ -2,7 +2,8 @@
 
 A decode or verify batch run at its bucket (padding rows, padding columns, a larger key span, the
 scratch slot) gets logits bitwise equal to the runner's eager forward at the batch's own shapes, in
-bf16 and float32, on tiny Llama and Qwen2 models and SmolLM2-135M, with rollbacks between steps; the
+bf16 and float32, on tiny Llama and Qwen2 models and SmolLM2-135M, with rollbacks between steps, also
+with weight GEMMs in row blocks as on CUDA (tests/unit/test_tp.py runs them sharded); the
 engine's greedy and seeded tokens are the same with static shapes on and off (draft model drafter,
 chunked prefill). Padding written into a real slot instead of the scratch slot is caught. Greedy
 drafting with the argmax fed back on the device (specdec/core/static_greedy.py) picks what one
@@ -29,11 +30,16 @@ SLOTS, MAX_LEN = 6, 300
 MIN_SPAN = 64  # small span buckets, so these short sequences land in several (64, 128, 256, 320)
 
 
-def _pair(model, slots: int = SLOTS, max_len: int = MAX_LEN) -> tuple[ModelRunner, ModelRunner]:
-    """The eager runner (the unpadded forward) and one taking the static path for what fits."""
+def _pair(
+    model, slots: int = SLOTS, max_len: int = MAX_LEN, gemm_block: int | None = None
+) -> tuple[ModelRunner, ModelRunner]:
+    """The eager runner (the unpadded forward) and one taking the static path for what fits.
+    `gemm_block`: both run their weight GEMMs in blocks of that many rows, as on CUDA."""
     eager = ModelRunner(model, num_slots=slots, max_len=max_len, static_shapes=False)
     static = ModelRunner(model, num_slots=slots, max_len=max_len, static_shapes=True)
     static.static = StaticSteps(static, max_width=16, min_span=MIN_SPAN)
+    if gemm_block is not None:
+        eager.gemm_block = static.gemm_block = gemm_block
     return eager, static
 
 
@@ -48,10 +54,10 @@ def _both(eager: ModelRunner, static: ModelRunner, slots, rows, n_logits, what: 
     assert static.lengths == eager.lengths and static.slot_tokens == eager.slot_tokens
 
 
-def _random_steps(model, steps: int, seed: int) -> set[Bucket]:
+def _random_steps(model, steps: int, seed: int, gemm_block: int | None = None) -> set[Bucket]:
     """Prefill the slots to mixed lengths, then random decode and verify batches (random rows, widths
     1-16, logit counts) with random rollbacks between them, on both runners; returns the buckets hit."""
-    eager, static = _pair(model)
+    eager, static = _pair(model, gemm_block=gemm_block)
     slots = [eager.alloc_slot() for _ in range(SLOTS)]
     assert [static.alloc_slot() for _ in range(SLOTS)] == slots
     rng, vocab = random.Random(seed), model.config.vocab_size
@@ -79,6 +85,13 @@ def test_static_steps_give_the_eager_logits_on_tiny_models(tiny_paths, arch, dty
     # The draws reach several buckets of each kind: rows land in different buckets.
     assert len({b.batch for b in used}) >= 3 and len({b.width for b in used}) >= 4
     assert len({b.span for b in used}) >= 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_static_steps_give_the_eager_logits_in_gemm_blocks(tiny_paths, dtype):
+    """With every weight GEMM in blocks of 8 rows (the CUDA rule, runner.gemm_block), a bucket of
+    64 rows is 8 blocks where the eager forward of the same rows has fewer: the same logits."""
+    _random_steps(load_hf(tiny_paths["qwen2"], dtype=dtype), steps=20, seed=3, gemm_block=8)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
