@@ -189,7 +189,7 @@ class ModelRunner:
         if static_shapes is None:
             static_shapes = self.device.type == "cuda"
         self.static: StaticSteps | None = None
-        self.static_max_width = static_max_width if static_shapes else 0
+        self.static_max_width = static_max_width if static_shapes else 0  # 0: static shapes off
         self.alloc_kv_cache()
         self.lengths = [0] * num_slots
         self.slot_tokens: list[list[int]] = [[] for _ in range(num_slots)]
@@ -334,7 +334,8 @@ class ModelRunner:
             return F.pad(attn, (0, 0, 0, rows - n)) if rows > n else attn
 
         x = self._layers(F.embedding(ids, self.embed), positions, invariant, attend)
-        picked = [i for at, n, k in zip(batch.offsets, batch.lens, batch.num_logits) for i in range(at + n - k, at + n)]
+        ends = [at + length for at, length in zip(batch.offsets, batch.lens)]
+        picked = [i for end, k in zip(ends, batch.num_logits) for i in range(end - k, end)]
         return self._logits(x, picked, batch.num_logits, invariant)
 
     def _layers(
