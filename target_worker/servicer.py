@@ -223,6 +223,7 @@ def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:
         torch.set_num_threads(cfg.threads)
     loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     runner = ModelRunner(loaded.model, num_slots=cfg.num_slots, max_len=cfg.max_len)
+    runner.capture()  # CUDA graphs of the static steps on a GPU; nothing elsewhere
     return target_servicer(cfg, loaded, runner)
 
 

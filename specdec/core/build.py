@@ -73,7 +73,7 @@ def make_draft_runner(
     if options.vocab and options.vocab < draft.model.config.vocab_size:
         vocab = frequency_ranked_vocab(draft.tokenizer, options.vocab)
     # A draft's numbers may change (the target verifies): it takes the fast forward.
-    return ModelRunner(
+    runner = ModelRunner(
         draft.model,
         num_slots=num_slots,
         max_len=max_len,
@@ -81,6 +81,8 @@ def make_draft_runner(
         vocab_subset=vocab,
         invariant_numerics=False,
     )
+    runner.capture()  # CUDA graphs of the static steps on a GPU; nothing elsewhere
+    return runner
 
 
 def model_drafter_on(runner: ModelRunner, options: DraftOptions | None = None) -> ModelDrafter:
@@ -139,6 +141,8 @@ def build_engine(
         group = LocalGroup(GroupSpec(target, tensor_parallel, dtype, device, num_slots, max_len))
         torch.set_num_threads(group.threads)
         runner = group.start(runner)
+    else:
+        runner.capture()  # CUDA graphs of the static steps on a GPU; nothing elsewhere
     draft_model, drafter = make_drafter(draft, tgt, dtype, device, num_slots, max_len, draft_options)
     engine = SpecEngine(
         runner, tgt.tokenizer, drafter, k_policy=k_policy, eos_token_ids=tgt.eos_token_ids, verify_mode=verify_mode

@@ -20,6 +20,7 @@ from specdec.core.round_types import Draft
 from specdec.core.runner import ModelRunner, RunnerError, SlotsExhausted
 from specdec.core.sampling import gumbel_noise, make_generator, process_logits, sample_sparse, sparse_topk
 from specdec.core.slots import SlotTable
+from specdec.core.static_greedy import can_draft_greedily, greedy_steps
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +212,36 @@ class ModelDrafter:
                     guesses[b] = self._guesses(inp, draft, limits[b], fed=1)
                     next_rows.append(b)
                     next_feeds.append([draft.tokens[-1]] + guesses[b])
+            if self._draft_on_device(inputs, drafts, next_rows, guesses, limits):
+                next_rows = [b for b in next_rows if len(drafts[b].tokens) < limits[b]]
+                for b in next_rows:
+                    guesses[b] = self._guesses(inputs[b], drafts[b], limits[b], fed=1)
+                next_feeds = [[drafts[b].tokens[-1]] + guesses[b] for b in next_rows]
             rows, feeds = next_rows, next_feeds
         return drafts
+
+    def _draft_on_device(
+        self, inputs: Sequence[DraftInput], drafts: list[Draft], rows: list[int], guesses: dict, limits: dict
+    ) -> bool:
+        """Where every row drafts greedily with no guesses to check, their next tokens, as many as
+        every row still drafts, in one call that feeds each argmax back on the device
+        (specdec/core/static_greedy.py) instead of one forward and one host round trip per token."""
+        if not rows or not can_draft_greedily(self.runner):
+            return False
+        if any(inputs[b].mode is not VerifyMode.GREEDY or guesses[b] for b in rows):
+            return False
+        steps = min(limits[b] - len(drafts[b].tokens) for b in rows)
+        if steps < 2:  # one forward either way
+            return False
+        slots = [self.slots[inputs[b].request_id] for b in rows]
+        try:
+            picks = greedy_steps(self.runner, slots, [drafts[b].tokens[-1] for b in rows], steps)
+        except RunnerError as exc:  # a drafter problem never fails the request
+            log.warning("greedy draft steps failed, drafting one forward per token: %s", exc)
+            return False
+        for b, row in zip(rows, picks):
+            drafts[b].tokens.extend(row)
+        return True
 
     def _forward(self, slots: list[int], feeds: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
         """One forward of the rows; two where some feed a prompt (longer than :data:`_LONG_FEED`)

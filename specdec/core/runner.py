@@ -33,6 +33,7 @@ from specdec.core.attention import (
 )
 from specdec.core.packed import PackedWeight, pack, packing_supported
 from specdec.core.quant import Int8Weight, int8_supported, linear, quantize_int8
+from specdec.core.static_step import StaticSteps
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +136,18 @@ class ModelRunner:
         vocab_subset: Sequence[int] | None = None,
         invariant_numerics: bool = True,
         pack_weights: bool = True,
+        static_shapes: bool | None = None,
+        static_max_width: int = 16,
     ):
         """`weight_quant="int8"` and `vocab_subset` (the token ids the lm_head may produce) make a
         cheaper drafter; logits of tokens outside the subset come back as -inf. Never use them on
         a target: its outputs must not change. `invariant_numerics` is the default of `forward`'s
         `invariant`: a target needs it for lossless greedy and seeded output in every dtype; a
         drafter does not (its numbers may change), and int8 weights are never invariant.
-        `pack_weights`: dense CPU weights are laid out once for oneDNN (specdec/core/packed.py)."""
+        `pack_weights`: dense CPU weights are laid out once for oneDNN (specdec/core/packed.py).
+        `static_shapes` (default: on a GPU only) runs decode and verify batches of rows up to
+        `static_max_width` tokens at bucketed static shapes, which `capture` turns into CUDA graphs
+        (specdec/core/static_step.py)."""
         _check_supported(model)
         config = model.config
         self.config = config
@@ -180,6 +186,10 @@ class ModelRunner:
             self.pack_weights()
         else:
             self._check_padding_rule()
+        if static_shapes is None:
+            static_shapes = self.device.type == "cuda"
+        self.static: StaticSteps | None = None
+        self.static_max_width = static_max_width if static_shapes else 0  # 0: static shapes off
         self.alloc_kv_cache()
         self.lengths = [0] * num_slots
         self.slot_tokens: list[list[int]] = [[] for _ in range(num_slots)]
@@ -208,10 +218,27 @@ class ModelRunner:
     def alloc_kv_cache(self) -> None:
         """Empty K and V caches for every slot at the current ``num_kv_heads`` (specdec.core.tp
         calls it again after sharding the heads). Whole key blocks: the invariant attention reads
-        past max_len up to the next block boundary."""
-        shape = (len(self.layers), self.num_slots, self.num_kv_heads, padded_span(self.max_len), self.head_dim)
+        past max_len up to the next block boundary. With static shapes, one slot more: the scratch
+        slot (index ``num_slots``, never handed out) that a static step's padding writes its keys
+        and values to. The static steps are made anew: graphs captured over the old cache and
+        weights would write to memory no longer in use."""
+        extra = 1 if self.static_max_width else 0
+        shape = (len(self.layers), self.num_slots + extra, self.num_kv_heads, padded_span(self.max_len), self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self.static_max_width:
+            self.static = StaticSteps(self, self.static_max_width)
+
+    def capture(self) -> dict:
+        """On a GPU, capture a CUDA graph of every static bucket (start-up, after any tensor-parallel
+        sharding); elsewhere nothing. Returns what was captured (`StaticSteps.capture`)."""
+        return self.static.capture() if self.static is not None else self.captured
+
+    @property
+    def captured(self) -> dict:
+        """What `capture` captured: {buckets: [{batch, width, span}], seconds, bytes}; empty lists
+        and zeros where nothing was (a CPU, static shapes off, tensor parallelism)."""
+        return self.static.captured if self.static is not None else {"buckets": [], "seconds": 0.0, "bytes": 0}
 
     # ---- slots -------------------------------------------------------------------------------
     def alloc_slot(self) -> int:
@@ -278,23 +305,52 @@ class ModelRunner:
         rest of the forward: its row's length, the other rows, padding.
         """
         invariant = self.invariant_numerics if invariant is None else invariant
-        batch = _Batch.plan(self, slots, tokens, num_logits, invariant)
-        dev, n, rows = self.device, batch.tokens, batch.rows
+        n_logits, lens, starts = _check_rows(self, slots, tokens, num_logits)
+        if self.static is not None and self.static.fits(lens):
+            # Decode and verify: bucketed static shapes, each row's numbers as below (static_step.py).
+            logits = self.static.run(slots, tokens, lens, starts, n_logits, invariant)
+        else:
+            logits = self._eager(_Batch.plan(self, slots, tokens, n_logits, lens, starts, invariant), tokens, invariant)
+        for slot, row, start in zip(slots, tokens, starts):
+            self.lengths[slot] = start + len(row)
+            self.slot_tokens[slot].extend(int(t) for t in row)
+        return logits
 
+    def _eager(self, batch: _Batch, tokens: Sequence[Sequence[int]], invariant: bool) -> list[torch.Tensor]:
+        """The forward at the batch's own shapes: prefill, and whatever the static buckets do not hold."""
+        dev, n, rows = self.device, batch.tokens, batch.rows
         ids = torch.zeros(rows, dtype=torch.long)
         ids[:n] = torch.as_tensor([t for row in tokens for t in row], dtype=torch.long)
-        if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
-            raise RunnerError(f"token ids must be in [0, {self.vocab_size})")
         ids = ids.to(dev)
         positions = torch.zeros(rows, dtype=torch.long, device=dev)
         positions[:n] = batch.pack(batch.positions)
         write_slot = batch.slot_t.repeat_interleave(batch.lens_t)
         bias = hidden_keys_bias(batch.positions, padded_span(batch.span)) if invariant else None
 
-        x = F.embedding(ids, self.embed)  # [rows, hidden]: the tokens of all rows, packed
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.k_cache[i][write_slot, :, positions[:n]] = k[:n]
+            self.v_cache[i][write_slot, :, positions[:n]] = v[:n]
+            attn = self._attention(i, q[:n], batch, bias)
+            return F.pad(attn, (0, 0, 0, rows - n)) if rows > n else attn
+
+        x = self._layers(F.embedding(ids, self.embed), positions, invariant, attend)
+        ends = [at + length for at, length in zip(batch.offsets, batch.lens)]
+        picked = [i for end, k in zip(ends, batch.num_logits) for i in range(end - k, end)]
+        return self._logits(x, picked, batch.num_logits, invariant)
+
+    def _layers(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        invariant: bool,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """The decoder layers over packed rows x [rows, hidden] at `positions` [rows]. `attend(layer,
+        q, k, v)` stores the new keys and values and returns the attention [rows, heads * head_dim]:
+        the eager and the static forward differ only there, so every other operation is one code."""
         cos, sin = self.rotary(x, positions.clamp_max(self.max_len - 1)[None])
         cos, sin = cos[0, :, None], sin[0, :, None]  # [rows, 1, D]
-        d = self.head_dim
+        rows, d = x.shape[0], self.head_dim
         for i, w in enumerate(self.layers):
             h = self._rms(x, w.input_norm)
             q = self._linear(h, w.q, w.q_bias, invariant).view(rows, -1, d)
@@ -302,21 +358,12 @@ class ModelRunner:
             v = self._linear(h, w.v, w.v_bias, invariant).view(rows, -1, d)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            self.k_cache[i][write_slot, :, positions[:n]] = k[:n]
-            self.v_cache[i][write_slot, :, positions[:n]] = v[:n]
-            attn = self._attention(i, q[:n], batch, bias)
-            if rows > n:
-                attn = F.pad(attn, (0, 0, 0, rows - n))
-            x = x + self._reduce(self._linear(attn, w.o, None, invariant))
+            x = x + self._reduce(self._linear(attend(i, q, k, v), w.o, None, invariant))
             h = self._rms(x, w.post_norm)
             gate = self._linear(h, w.gate, None, invariant)
             act = _silu(gate) if invariant else F.silu(gate)
             x = x + self._reduce(self._linear(act * self._linear(h, w.up, None, invariant), w.down, None, invariant))
-
-        for slot, row, start in zip(slots, tokens, batch.starts):
-            self.lengths[slot] = start + len(row)
-            self.slot_tokens[slot].extend(int(t) for t in row)
-        return self._logits(x, batch, invariant)
+        return x
 
     def _linear(self, x: torch.Tensor, w, bias: torch.Tensor | None, invariant: bool) -> torch.Tensor:
         """x [M, in] @ w; the invariant forward runs it in blocks of `gemm_block` rows where set."""
@@ -348,15 +395,16 @@ class ModelRunner:
             out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1])
         return batch.pack(out.transpose(1, 2).reshape(b, width, -1))
 
-    def _logits(self, x: torch.Tensor, batch: _Batch, invariant: bool) -> list[torch.Tensor]:
-        """Only the requested positions go through the final norm and the (large) lm_head."""
-        picked = [i for at, n, k in zip(batch.offsets, batch.lens, batch.num_logits) for i in range(at + n - k, at + n)]
+    def _logits(self, x: torch.Tensor, picked: list[int], num_logits: list[int], invariant: bool) -> list[torch.Tensor]:
+        """Logits of the rows `picked` of x, split `num_logits` per batch row. Only the requested
+        positions go through the final norm and the (large) lm_head, in the eager forward and after
+        a static step alike."""
         if not picked:
-            return [x.new_empty(0, self.vocab_size, dtype=torch.float32) for _ in batch.slots]
+            return [x.new_empty(0, self.vocab_size, dtype=torch.float32) for _ in num_logits]
         h = x[torch.tensor(picked, device=self.device)]
         if invariant:
             h = F.pad(h, (0, 0, 0, gemm_rows(len(picked), self.dtype) - len(picked)))
-        logits = self._linear(self._rms(h, self.final_norm), self.lm_head, None, invariant)
+        logits = self._head(h, invariant)
         if self.gather_logits is not None:
             logits = self.gather_logits(logits)
         logits = logits[: len(picked)].float()
@@ -364,7 +412,35 @@ class ModelRunner:
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
             full[:, self.vocab_ids] = logits
             logits = full
-        return list(torch.split(logits, batch.num_logits))
+        return list(torch.split(logits, num_logits))
+
+    def _head(self, h: torch.Tensor, invariant: bool) -> torch.Tensor:
+        """The final norm and the lm_head (this rank's vocabulary slice), in the model's dtype."""
+        return self._linear(self._rms(h, self.final_norm), self.lm_head, None, invariant)
+
+
+def _check_rows(
+    runner: ModelRunner, slots: Sequence[int], tokens: Sequence[Sequence[int]], num_logits: int | Sequence[int]
+) -> tuple[list[int], list[int], list[int]]:
+    """Refuse a forward before it changes anything; return each row's logit count, length and start."""
+    batch = len(slots)
+    if batch == 0 or batch != len(tokens):
+        raise RunnerError("forward needs one token list per slot and at least one row")
+    if len(set(slots)) != batch:
+        raise RunnerError("a slot appears twice in one batch")
+    n_logits = [num_logits] * batch if isinstance(num_logits, int) else list(num_logits)
+    lens = [len(t) for t in tokens]
+    starts = [runner.lengths[s] for s in slots]
+    for slot, start, n, k in zip(slots, starts, lens, n_logits):
+        if n == 0:
+            raise RunnerError(f"slot {slot}: empty token list")
+        if start + n > runner.max_len:
+            raise ContextFull(f"slot {slot}: {start} + {n} tokens exceed the context of {runner.max_len}")
+        if not 0 <= k <= n:
+            raise RunnerError(f"slot {slot}: num_logits {k} outside [0, {n}]")
+    if min(min(row) for row in tokens) < 0 or max(max(row) for row in tokens) >= runner.vocab_size:
+        raise RunnerError(f"token ids must be in [0, {runner.vocab_size})")
+    return n_logits, lens, starts
 
 
 @dataclass
@@ -394,24 +470,12 @@ class _Batch:
         runner: ModelRunner,
         slots: Sequence[int],
         tokens: Sequence[Sequence[int]],
-        num_logits: int | Sequence[int],
+        n_logits: list[int],
+        lens: list[int],
+        starts: list[int],
         invariant: bool,
     ) -> _Batch:
         batch = len(slots)
-        if batch == 0 or batch != len(tokens):
-            raise RunnerError("forward needs one token list per slot and at least one row")
-        if len(set(slots)) != batch:
-            raise RunnerError("a slot appears twice in one batch")
-        n_logits = [num_logits] * batch if isinstance(num_logits, int) else list(num_logits)
-        lens = [len(t) for t in tokens]
-        starts = [runner.lengths[s] for s in slots]
-        for slot, start, n, k in zip(slots, starts, lens, n_logits):
-            if n == 0:
-                raise RunnerError(f"slot {slot}: empty token list")
-            if start + n > runner.max_len:
-                raise ContextFull(f"slot {slot}: {start} + {n} tokens exceed the context of {runner.max_len}")
-            if not 0 <= k <= n:
-                raise RunnerError(f"slot {slot}: num_logits {k} outside [0, {n}]")
         dev = runner.device
         width, n = max(lens), sum(lens)
         if invariant:

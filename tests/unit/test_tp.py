@@ -105,6 +105,7 @@ CASES = [
     ("llama", 2, "split", "float32", {}, TOL),
     ("qwen2", 2, "replicated", "float32", {}, TOL),  # GQA and q/k/v biases
     ("smollm2", 3, "split", "float32", {}, TOL),  # 9 heads, 3 KV heads: TP 3, not 2
+    ("llama", 2, "split", "float32", {"static_shapes": True}, TOL),  # decode and verify at static shapes
 ]
 
 
@@ -114,7 +115,9 @@ def _model_path(name: str, request) -> str:
     return str(request.getfixturevalue("tiny_paths")[name])
 
 
-@pytest.mark.parametrize("name,ranks,lm_head,dtype,kwargs,tol", CASES, ids=[f"{c[0]}-tp{c[1]}-{c[2]}" for c in CASES])
+@pytest.mark.parametrize(
+    "name,ranks,lm_head,dtype,kwargs,tol", CASES, ids=[f"{c[0]}-tp{c[1]}-{c[2]}{'-static' * bool(c[4])}" for c in CASES]
+)
 def test_sharded_logits_equal_unsharded(request, name, ranks, lm_head, dtype, kwargs, tol):
     path = _model_path(name, request)
     spec = GroupSpec(path, ranks, dtype=dtype, num_slots=4, max_len=40, lm_head=lm_head, runner_kwargs=kwargs)
