@@ -45,6 +45,7 @@ from router.batching import (
     batch_capacity,
     can_admit,
     lane_share,
+    next_admission,
     request_k_policy,
     resolve_spec,
 )
@@ -247,7 +248,9 @@ class TargetScheduler:
                     outcome="deadline_exceeded",
                 )
         while self.waiting and can_admit(len(self.running), self.capacity, self._closing):
-            job = self.waiting.popleft()
+            i = next_admission([j.client for j in self.waiting], [j.client for j in self.running], self.cfg.fair_share)
+            job = self.waiting[i]
+            del self.waiting[i]
             self.metrics.queue_depth.dec()
             if job.done:
                 continue
@@ -319,7 +322,10 @@ class TargetScheduler:
         prefilling = [j for j in batch if j.state.prefilling]
         if not prefilling:  # most rounds: no budget to work out
             return []
-        needs = [PrefillNeed(j.key, j.state.prefilled, j.state.prefill_total) for j in prefilling]
+        fair = self.cfg.fair_share  # off: every request counts as one client's (by request only)
+        needs = [
+            PrefillNeed(j.key, j.state.prefilled, j.state.prefill_total, j.client if fair else "") for j in prefilling
+        ]
         plan = plan_prefill(needs, verify_tokens, self.balance.prefill_budget(batch), self.cfg.prefill_chunk)
         chunks = [j for j in prefilling if j.key in plan]
         if not chunks:
