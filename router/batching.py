@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from router.config import RouterConfig
 from specdec.core.request_state import KPolicy
@@ -70,22 +70,31 @@ def can_admit(running: int, capacity: int, closing: bool = False) -> bool:
     return running < capacity and not closing
 
 
-def next_admission(waiting: Sequence[str], running: Sequence[str], fair_share: bool = True) -> int:
+def next_admission(
+    waiting: Sequence[str],
+    running: Sequence[str],
+    fair_share: bool = True,
+    last_admitted: Mapping[str, int] | None = None,
+) -> int:
     """Which queued request takes the next free slot: an index into ``waiting``, the clients of the
-    queued requests in arrival order (``running``: those of the running ones).
+    queued requests in arrival order (``running``: those of the running ones; ``last_admitted``:
+    when each client last got a slot, as an increasing count).
 
     Fair share: the oldest request of the client with the fewest requests running; among clients
-    with as many, the one whose oldest request came first. Slots then go round robin across the
-    waiting clients, and a client holding its share (ceil(slots / clients)) or more never takes a
-    slot while one below it waits. A client alone takes every free slot (nothing is held back),
-    and a client's own requests keep their order. Without fair share: the oldest request (FIFO),
-    where one client's queued burst holds off everyone who came after it."""
+    with as many, the one that got a slot least recently (never first), then the one whose oldest
+    request came first. Slots then go round robin across the waiting clients, and a client holding
+    its share (ceil(slots / clients)) or more never takes a slot while one below it waits. A
+    client alone takes every free slot (nothing is held back), and a client's own requests keep
+    their order. Without fair share: the oldest request (FIFO), where one client's queued burst
+    holds off everyone who came after it."""
     if not fair_share:
         return 0
     held = Counter(running)
+    last = last_admitted or {}
+    turn = {c: (held[c], last.get(c, -1)) for c in waiting}
     best = 0
     for i, client in enumerate(waiting):
-        if held[client] < held[waiting[best]]:
+        if turn[client] < turn[waiting[best]]:
             best = i
     return best
 

@@ -111,6 +111,8 @@ class TargetScheduler:
         self.capacity = batch_capacity(int(info.num_slots), config.max_batch, draft_slots)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
+        self.admitted: dict[str, int] = {}  # client -> the admission count when it last got a slot
+        self._admissions = 0
         self.served = 0  # requests completed here (autoscaling: a new replica serves)
         self.peak_running = 0  # the most requests run at once (the planner: did the batch cap bind?)
         self.first_served_at: float | None = None  # router clock
@@ -248,16 +250,22 @@ class TargetScheduler:
                     outcome="deadline_exceeded",
                 )
         while self.waiting and can_admit(len(self.running), self.capacity, self._closing):
-            i = next_admission([j.client for j in self.waiting], [j.client for j in self.running], self.cfg.fair_share)
+            clients = [j.client for j in self.waiting]
+            i = next_admission(clients, [j.client for j in self.running], self.cfg.fair_share, self.admitted)
             job = self.waiting[i]
             del self.waiting[i]
             self.metrics.queue_depth.dec()
             if job.done:
                 continue
+            self._admissions += 1
+            self.admitted[job.client] = self._admissions
             self.running.append(job)
             self.metrics.running.inc()
             self.metrics.queue_time.labels(self.name).observe(now - job.t_arrival)
         self.peak_running = max(self.peak_running, len(self.running))
+        if len(self.admitted) > 2 * (self.capacity + self.cfg.max_queue):  # forget clients long gone
+            present = {j.client for j in self.running} | {j.client for j in self.waiting}
+            self.admitted = {c: n for c, n in self.admitted.items() if c in present}
 
     def _take(self, lane: int) -> list[Job]:
         self._admit()

@@ -64,6 +64,14 @@ def test_three_clients_share_the_slots_as_evenly_as_they_allow():
     assert _admitted(waiting, running, free=1) == ["A6"]  # now A has the fewest
 
 
+def test_among_clients_with_as_many_running_the_one_served_least_recently_goes_first():
+    waiting = ["A", "B"]  # A's second request came first, then B's; nothing runs
+    assert next_admission(waiting, [], last_admitted={"A": 1}) == 1  # A's first just ended: B's turn
+    assert next_admission(waiting, [], last_admitted={"A": 1, "B": 2}) == 0
+    assert next_admission(waiting, []) == 0  # neither had a slot: the oldest request
+    assert next_admission(waiting, [], fair_share=False, last_admitted={"A": 1}) == 0
+
+
 def test_a_client_s_own_requests_keep_their_order():
     waiting = [("A", "a0"), ("B", "b0"), ("A", "a1"), ("A", "a2"), ("B", "b1"), ("C", "c0")]
     order = _admitted(waiting, running=["C"], free=6)
