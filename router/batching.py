@@ -1,23 +1,27 @@
 """How a target's requests are admitted and batched, and how long a round waits for its drafts.
 
 Reads: the target's KV slots, the drafter's when static pairing bounds the batch, ``max_batch``,
-the running count, ``micro_batches`` / ``split_min_batch``, a request's asked mode and k,
-``default_mode``, the router's ``k_policy``, the measured verify time and the draft deadline knobs
+the running count, the clients of the queued and running requests and ``fair_share``,
+``micro_batches`` / ``split_min_batch``, a request's asked mode and k, ``default_mode``, the
+router's ``k_policy``, the measured verify time and the draft deadline knobs
 (``draft_deadline_s`` / ``draft_deadline_factor`` / ``draft_deadline_min_s``), all of
 :class:`router.config.RouterConfig`.
 Decides: the batch capacity (:func:`batch_capacity`), whether a waiting request joins the batch
-(:func:`can_admit`), each lane's share of a round (:func:`lane_share`), a request's resolved mode
-(:func:`resolve_spec`) and k policy (:func:`request_k_policy`), and the draft deadline
-(:func:`draft_deadline`).
+(:func:`can_admit`) and which one (:func:`next_admission`), each lane's share of a round
+(:func:`lane_share`), a request's resolved mode (:func:`resolve_spec`) and k policy
+(:func:`request_k_policy`), and the draft deadline (:func:`draft_deadline`).
 
 Plain functions: no asyncio, grpc or torch; router/scheduler.py and router/drafting.py apply
-them. The chunked-prefill plan is :func:`specdec.core.prefill_plan.plan_prefill` (shared with the
-engine); a request's draft length is router/draft_depth.py's.
+them. The chunked-prefill plan, and its share of each round's budget per client, is
+:func:`specdec.core.prefill_plan.plan_prefill` (shared with the engine); a request's draft length
+is router/draft_depth.py's.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
 
 from router.config import RouterConfig
 from specdec.core.request_state import KPolicy
@@ -27,6 +31,7 @@ __all__ = [
     "resolve_spec",
     "request_k_policy",
     "can_admit",
+    "next_admission",
     "lane_share",
     "draft_deadline",
 ]
@@ -63,6 +68,35 @@ def request_k_policy(spec: str, k: int | None, policy: KPolicy) -> KPolicy:
 def can_admit(running: int, capacity: int, closing: bool = False) -> bool:
     """A waiting request joins the running batch while there is a free slot (continuous batching)."""
     return running < capacity and not closing
+
+
+def next_admission(
+    waiting: Sequence[str],
+    running: Sequence[str],
+    fair_share: bool = True,
+    last_admitted: Mapping[str, int] | None = None,
+) -> int:
+    """Which queued request takes the next free slot: an index into ``waiting``, the clients of the
+    queued requests in arrival order (``running``: those of the running ones; ``last_admitted``:
+    when each client last got a slot, as an increasing count).
+
+    Fair share: the oldest request of the client with the fewest requests running; among clients
+    with as many, the one that got a slot least recently (never first), then the one whose oldest
+    request came first. Slots then go round robin across the waiting clients, and a client holding
+    its share (ceil(slots / clients)) or more never takes a slot while one below it waits. A
+    client alone takes every free slot (nothing is held back), and a client's own requests keep
+    their order. Without fair share: the oldest request (FIFO), where one client's queued burst
+    holds off everyone who came after it."""
+    if not fair_share:
+        return 0
+    held = Counter(running)
+    last = last_admitted or {}
+    turn = {c: (held[c], last.get(c, -1)) for c in waiting}
+    best = 0
+    for i, client in enumerate(waiting):
+        if turn[client] < turn[waiting[best]]:
+            best = i
+    return best
 
 
 def lane_share(running: int, lane: int, micro_batches: int, split_min_batch: int) -> int:

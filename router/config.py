@@ -153,6 +153,12 @@ class RouterConfig:
       and speculation off by goodput.
     target_choice: :class:`router.target_choice.TargetChoiceConfig` fields: routing by load.
     scaling: :class:`router.pool_size.PoolSizeConfig` fields: pool sizes (off unless ``enabled``).
+    fair_share: each client (its bearer token, else its address, as for max_inflight_per_client)
+      gets its share of the batch slots and of each round's prefill budget while other clients
+      wait: a free slot goes to the waiting client with the fewest requests running, and clients
+      take turns at the round's prompt chunks (router.batching.next_admission,
+      specdec.core.prefill_plan). A client alone still gets everything. False = first come first
+      served by request.
     max_inflight_per_client: Generation calls one client (its bearer token, else its address) may
       have running at once; beyond it RESOURCE_EXHAUSTED with a RetryInfo (router.client_limit).
       0 = no limit. Raise it when one backend fronts many users without tokens of their own.
@@ -200,6 +206,7 @@ class RouterConfig:
     speculation_off: SpeculationOffConfig = field(default_factory=SpeculationOffConfig)
     target_choice: TargetChoiceConfig = field(default_factory=TargetChoiceConfig)
     scaling: PoolSizeConfig = field(default_factory=PoolSizeConfig)
+    fair_share: bool = True
     max_inflight_per_client: int = 32
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     keepalive_time_s: float = 30.0
@@ -230,6 +237,8 @@ class RouterConfig:
         self.scaling = PoolSizeConfig.from_dict(self.scaling)
         if self.default_mode not in ("draft", "ngram", "off"):
             raise ValueError(f"router.default_mode must be draft, ngram or off (got {self.default_mode!r})")
+        if not isinstance(self.fair_share, bool):
+            raise ValueError(f"router.fair_share must be true or false (got {self.fair_share!r})")
         if not isinstance(self.max_batched_tokens, int):
             raise ValueError(f"router.max_batched_tokens must be an integer (got {self.max_batched_tokens!r})")
         for key in ("max_queue", "micro_batches", "split_min_batch", "default_max_tokens", "prefill_chunk"):

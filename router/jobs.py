@@ -55,6 +55,8 @@ class Job:
     spec: str  # off | draft | ngram (resolved)
     auto: bool
     deadline: float | None  # deadline on the router clock (router/clock.py)
+    # Who sent it (router.client_limit.client_key): slots and prefill budget are shared across clients.
+    client: str = ""
     t_arrival: float = field(default_factory=now)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     t_first: float | None = None

@@ -45,6 +45,7 @@ from router.batching import (
     batch_capacity,
     can_admit,
     lane_share,
+    next_admission,
     request_k_policy,
     resolve_spec,
 )
@@ -110,6 +111,8 @@ class TargetScheduler:
         self.capacity = batch_capacity(int(info.num_slots), config.max_batch, draft_slots)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
+        self.admitted: dict[str, int] = {}  # client -> the admission count when it last got a slot
+        self._admissions = 0
         self.served = 0  # requests completed here (autoscaling: a new replica serves)
         self.peak_running = 0  # the most requests run at once (the planner: did the batch cap bind?)
         self.first_served_at: float | None = None  # router clock
@@ -247,14 +250,22 @@ class TargetScheduler:
                     outcome="deadline_exceeded",
                 )
         while self.waiting and can_admit(len(self.running), self.capacity, self._closing):
-            job = self.waiting.popleft()
+            clients = [j.client for j in self.waiting]
+            i = next_admission(clients, [j.client for j in self.running], self.cfg.fair_share, self.admitted)
+            job = self.waiting[i]
+            del self.waiting[i]
             self.metrics.queue_depth.dec()
             if job.done:
                 continue
+            self._admissions += 1
+            self.admitted[job.client] = self._admissions
             self.running.append(job)
             self.metrics.running.inc()
             self.metrics.queue_time.labels(self.name).observe(now - job.t_arrival)
         self.peak_running = max(self.peak_running, len(self.running))
+        if len(self.admitted) > 2 * (self.capacity + self.cfg.max_queue):  # forget clients long gone
+            present = {j.client for j in self.running} | {j.client for j in self.waiting}
+            self.admitted = {c: n for c, n in self.admitted.items() if c in present}
 
     def _take(self, lane: int) -> list[Job]:
         self._admit()
@@ -319,7 +330,10 @@ class TargetScheduler:
         prefilling = [j for j in batch if j.state.prefilling]
         if not prefilling:  # most rounds: no budget to work out
             return []
-        needs = [PrefillNeed(j.key, j.state.prefilled, j.state.prefill_total) for j in prefilling]
+        fair = self.cfg.fair_share  # off: every request counts as one client's (by request only)
+        needs = [
+            PrefillNeed(j.key, j.state.prefilled, j.state.prefill_total, j.client if fair else "") for j in prefilling
+        ]
         plan = plan_prefill(needs, verify_tokens, self.balance.prefill_budget(batch), self.cfg.prefill_chunk)
         chunks = [j for j in prefilling if j.key in plan]
         if not chunks:

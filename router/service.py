@@ -24,6 +24,7 @@ import grpc
 
 from router import clock
 from router.access_log import AccessRecord
+from router.client_limit import client_key
 from router.config import RouterConfig
 from router.metrics import Metrics
 from router.retry import DrainEstimate, worker_recovery_estimate
@@ -126,6 +127,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         request_id = rec.request_id = request.request_id or f"req-{uuid.uuid4().hex[:16]}"
         job = sched.new_job(request_id, prompt_ids, params, mode, parsed.spec_mode, parsed.k, deadline)
         job.t_arrival = rec.t_start
+        job.client = client_key(context.invocation_metadata(), context.peer())  # as the per-client limit counts
         sched.submit(job)
         return job
 

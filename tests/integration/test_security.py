@@ -1,5 +1,6 @@
-"""The public API with TLS and bearer tokens, the per-client limit, size bounds and the reaping of a
-frozen client, against the real service (router + Ray workers, tiny models, real gRPC and TLS).
+"""The public API with TLS and bearer tokens, the per-client limit and fair share, size bounds and
+the reaping of a frozen client, against the real service (router + Ray workers, tiny models, real
+gRPC and TLS).
 
 The router here serves TLS with two accepted tokens (a rotation), health exempt, at most 2 calls in
 flight per client, and pings every connection every 0.5 s (0.5 s to answer).
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -158,6 +160,50 @@ def test_per_client_concurrency_limit(secured, pki):
             time.sleep(0.1)
     streams[1].close()
     assert secured.metric("specdec_requests_total", {"outcome": "resource_exhausted"}) >= before + 1
+    secured.wait_slots_free()
+
+
+def test_a_free_slot_goes_to_another_client_before_the_first_client_s_queue(secured, pki):
+    """Fair share (router.fair_share), with the batch cut to one slot: client A runs one request
+    and queues a second; client B queues one after it. The slot A's first request frees goes to
+    B's; A's second waits (first come first served would have run it first)."""
+    sched = secured.router.router.schedulers_for(MODEL)[0]
+
+    async def state(capacity: int | None = None) -> tuple[list[str], list[str], int]:
+        """(running, queued) request ids, and the batch capacity (set first when given), read on
+        the router's loop."""
+        if capacity is not None:
+            sched.capacity = capacity
+        return [j.request_id for j in sched.running], [j.request_id for j in sched.waiting], sched.capacity
+
+    def until(cond) -> tuple[list[str], list[str], int]:
+        t_end = time.monotonic() + 60
+        while not cond(now := secured.router.run(state(), timeout=10)):
+            assert time.monotonic() < t_end, now
+            time.sleep(0.05)
+        return now
+
+    long = {"max_tokens": MAX_LEN - 16, "ignore_eos": True, "timeout": 120}
+    *_, capacity = secured.router.run(state(1), timeout=10)
+    try:
+        with SpecdecClient(secured.router.address, credentials=creds(pki, TOKEN_B)) as b, ThreadPoolExecutor(2) as pool:
+            a1 = secured.client.generate_stream("def fib(n):", request_id="a1", **long)
+            next(a1)  # it holds the only slot
+            a2 = secured.client.generate_stream("def fib(n):", request_id="a2", **long)
+            a2_first = pool.submit(next, a2)  # each next blocks until its request has a slot
+            until(lambda s: s[1] == ["a2"])
+            b1 = b.generate_stream("hi", request_id="b1", **long)
+            b1_first = pool.submit(next, b1)
+            until(lambda s: s[1] == ["a2", "b1"])
+            a1.close()  # cancels it: its slot frees
+            running, waiting, _ = until(lambda s: s[0] and "a1" not in s[0])
+            assert (running, waiting) == (["b1"], ["a2"])
+            b1_first.result(timeout=60)
+            b1.close()
+            a2_first.result(timeout=60)  # A's queued request runs once B's ends
+            a2.close()
+    finally:
+        secured.router.run(state(capacity), timeout=10)
     secured.wait_slots_free()
 
 

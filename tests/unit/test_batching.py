@@ -55,7 +55,7 @@ def test_the_scheduler_and_the_drafting_module_call_these_functions():
     import router.scheduler as scheduler
     import router.target_balance as target_balance
 
-    for name in ("batch_capacity", "can_admit", "lane_share", "request_k_policy", "resolve_spec"):
+    for name in ("batch_capacity", "can_admit", "next_admission", "lane_share", "request_k_policy", "resolve_spec"):
         assert getattr(scheduler, name) is getattr(batching, name), name
     assert drafting.draft_deadline is batching.draft_deadline
     assert scheduler.policy_k is draft_depth.policy_k
