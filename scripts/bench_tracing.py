@@ -8,16 +8,23 @@ request span from an incoming traceparent, its job's attributes, a prefill round
 rounds with their draft_wait and verify phases and outcomes, and the per-call traceparent check and
 injection of router/workers.py), for ``--batch`` requests at a time, with no model and no network in
 the timed loop; the export runs in the SDK's background thread, as in the service. The figure is
-the time per round (per request, its start and end) beside a round's own time on the CPU service
-(docs/results.md). Configurations alternate, best of ``--repeat``.
+the time per round (a request's start and end shared among its rounds) beside a round's own time
+on the CPU service (docs/results.md); and per worker call, the workers' server-side span around a
+Verify handler that does nothing. Configurations alternate, best of ``--repeat``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import grpc
 
 from router.access_log import AccessRecord
 from router.jobs import Job
@@ -39,6 +46,18 @@ class _CallContext:
 
     def invocation_metadata(self):
         return self.metadata
+
+
+@contextmanager
+def _exported_to(endpoint: str) -> Iterator[None]:
+    """Tracing on for the block, exporting to ``endpoint``, as the variables turn it on in a service."""
+    os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = endpoint
+    try:
+        assert tracing.setup("bench")
+        yield
+    finally:
+        tracing.shutdown()  # exports what is left
+        del os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
 
 
 def _jobs(n: int) -> list[Job]:
@@ -83,6 +102,28 @@ def run(batch: int, requests: int, rounds: int) -> float:
     return total / ((requests // batch) * rounds)
 
 
+class _CallDetails(NamedTuple):  # what grpc hands a server interceptor
+    method: str
+    invocation_metadata: tuple
+
+
+def run_worker_calls(calls: int) -> float:
+    """Seconds per worker call of the server side (specdec/rpc/tracing.py's interceptor, installed
+    only while tracing is on) around a Verify handler that does nothing."""
+    request = worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem()] * 4)
+    handler = grpc.unary_unary_rpc_method_handler(lambda req, ctx: req)
+    metadata = (("traceparent", f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"),)
+    details = _CallDetails("/specdec.v1.TargetService/Verify", metadata)
+    interceptors = tracing.server_interceptors()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        h = handler
+        for i in interceptors:  # as grpc does per call
+            h = i.intercept_service(lambda d: handler, details)
+        h.unary_unary(request, None)
+    return (time.perf_counter() - t0) / calls
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", default="1,8", help="requests per round, comma-separated")
@@ -91,13 +132,15 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", default=None, help="write the figures here too")
     args = p.parse_args()
+    for key in [k for k in os.environ if k.startswith("OTEL_")]:  # "off" means off
+        del os.environ[key]
     results = []
     with otlp_receiver() as rx:
         for batch in [int(b) for b in args.batch.split(",")]:
             best = {"off": float("inf"), "on": float("inf")}
             for _ in range(args.repeat):
                 best["off"] = min(best["off"], run(batch, args.requests, args.rounds))
-                with tracing.exported_to(rx.endpoint, "bench"):
+                with _exported_to(rx.endpoint):
                     best["on"] = min(best["on"], run(batch, args.requests, args.rounds))
             row = {"batch": batch, "off_us_per_round": best["off"] * 1e6, "on_us_per_round": best["on"] * 1e6}
             results.append(row)
@@ -106,6 +149,14 @@ def main() -> None:
                 f" ({row['on_us_per_round'] / batch:.1f} us per request-round)",
                 flush=True,
             )
+        best = {"off": float("inf"), "on": float("inf")}
+        for _ in range(args.repeat):
+            best["off"] = min(best["off"], run_worker_calls(args.requests * 4))
+            with _exported_to(rx.endpoint):
+                best["on"] = min(best["on"], run_worker_calls(args.requests * 4))
+        row = {"worker_call": True, "off_us": best["off"] * 1e6, "on_us": best["on"] * 1e6}
+        results.append(row)
+        print(f"worker call (Verify handler): off {row['off_us']:.2f} us, on {row['on_us']:.1f} us", flush=True)
         print(f"spans received while on: {len(rx.spans)}")
     if args.json:
         with open(args.json, "w") as f:

@@ -26,8 +26,8 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import grpc
@@ -247,21 +247,3 @@ def worker_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     its logs; workers take those from their node's environment."""
     env = os.environ if env is None else env
     return {k: v for k, v in env.items() if k.startswith("OTEL_") and "HEADERS" not in k}
-
-
-@contextmanager
-def exported_to(endpoint: str, service_name: str = "specdec") -> Iterator[None]:
-    """Trace this process to ``endpoint`` for the block (benchmarks): sets the variables, starts,
-    and on the way out flushes, stops and restores them."""
-    saved = {k: os.environ.get(k) for k in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_INSECURE")}
-    os.environ.update(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_INSECURE="true")
-    try:
-        setup(service_name)
-        yield
-    finally:
-        shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

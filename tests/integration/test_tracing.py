@@ -261,3 +261,19 @@ def test_off_without_the_variables(tiny_paths, tmp_path, monkeypatch):
 )
 def test_gateway_forwards_only_wellformed_trace_headers(headers, forwarded):
     assert len(tracing.forwarded(headers)) == forwarded
+
+
+def test_worker_actors_get_the_variables_but_not_the_headers(monkeypatch):
+    """A joined cluster's raylets were started elsewhere: the actors' runtime_env carries the OTEL_*
+    variables, never the exporter's headers (credentials; Ray logs a runtime_env), and a
+    placement's own env_vars win."""
+    from specdec.rpc.worker_host import actor_options
+
+    _no_otel_env(monkeypatch)
+    assert "runtime_env" not in actor_options(None, {"target_gpu": 1})  # off: the options are as before
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "specdec")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer secret")
+    placement = {"resources": {"target_gpu": 1}, "runtime_env": {"env_vars": {"OTEL_SERVICE_NAME": "mine", "A": "1"}}}
+    env = actor_options(placement, {})["runtime_env"]["env_vars"]
+    assert env == {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "OTEL_SERVICE_NAME": "mine", "A": "1"}
