@@ -1,16 +1,16 @@
-"""What the router's trace instrumentation costs per request and per round, tracing off (the default)
-and on (spans batched and exported by OTLP/gRPC to an in-process receiver, tests/otlp_receiver.py).
+"""What the router's and the workers' trace instrumentation costs, tracing off (the default) and on
+(spans batched and exported by OTLP/gRPC to tests/otlp_receiver.py, run in a process of its own).
 
-    PYTHONPATH=. python scripts/bench_tracing.py [--batch 1,8] [--requests 2000] [--rounds 8]
+    PYTHONPATH=. python scripts/bench_tracing.py [--batch 1,8] [--requests 400] [--rounds 8] [--pace-ms 2]
 
 It runs the router's own span code as the servicer and the scheduler do (router/traces.py: the
 request span from an incoming traceparent, its job's attributes, a prefill round, then ``--rounds``
-rounds with their draft_wait and verify phases and outcomes, and the per-call traceparent check and
-injection of router/workers.py), for ``--batch`` requests at a time, with no model and no network in
-the timed loop; the export runs in the SDK's background thread, as in the service. The figure is
-the time per round (a request's start and end shared among its rounds) beside a round's own time
-on the CPU service (docs/results.md); and per worker call, the workers' server-side span around a
-Verify handler that does nothing. Configurations alternate, best of ``--repeat``.
+rounds with their draft_wait and verify phases and outcomes, and router/workers.py's traceparent
+check and injection before each call), for ``--batch`` requests at a time, with no model and no
+network. Rounds come ``--pace-ms`` apart, as in a service, and the figure is this process's CPU time
+(every thread: the SDK's exporter encodes and sends in its own) per round, export included; "back
+to back" is the off path alone, unpaced. Per worker call: the workers' server-side span around a
+Verify handler that does nothing. Off and on alternate, best of ``--repeat``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import argparse
 import json
 import os
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +35,6 @@ from specdec.core.params import SamplingParams, VerifyMode
 from specdec.core.request_state import KPolicy, new_request
 from specdec.core.round_types import Draft
 from specdec.rpc import tracing, worker_pb2
-from tests.otlp_receiver import otlp_receiver
 
 SERVICE = "specdec.v1.Generation"
 
@@ -74,16 +75,29 @@ def _call_metadata(method: str):
     return tracing.outgoing() if tracing.active and method in tracing.WORKER_RPCS else None
 
 
-def run(batch: int, requests: int, rounds: int) -> float:
-    """Seconds of instrumentation per round (requests' start and end shared among their rounds)."""
+def _paced_cpu(steps, pace_s: float) -> float:
+    """This process's CPU seconds (every thread: the exporter's too) to run ``steps`` (callables)
+    ``pace_s`` apart, as a service's rounds are, and to export what they traced."""
+    c0 = time.process_time()
+    for step in steps:
+        step()
+        if pace_s:
+            time.sleep(pace_s)  # the exporter works meanwhile, as between a service's rounds
+    tracing.flush()
+    return time.process_time() - c0
+
+
+def run(batch: int, requests: int, rounds: int, pace_s: float) -> float:
+    """CPU seconds of instrumentation per round (requests' start and end shared among their rounds)."""
     drafts = [Draft(tokens=[5, 6, 7, 8]) for _ in range(batch)]
     outcomes = [worker_pb2.VerifyOutcome(tokens=[5, 6, 9], num_accepted=2) for _ in range(batch)]
     ctx = _CallContext(f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01")
-    total = 0.0
-    for _ in range(requests // batch):
-        jobs = _jobs(batch)  # not timed: the router builds its jobs anyway
-        recs = [AccessRecord("Generate", "bench", model="m", prompt_tokens=4) for _ in jobs]
-        t0 = time.perf_counter()
+    groups = [
+        (_jobs(batch), [AccessRecord("Generate", "bench", model="m") for _ in range(batch)])
+        for _ in range(requests // batch)
+    ]
+
+    def request(jobs, recs):
         calls = [start_request(SERVICE, "Generate", ctx) for _ in jobs]
         for span, job in zip(calls, jobs):
             traced_job(span, job)
@@ -98,8 +112,9 @@ def run(batch: int, requests: int, rounds: int) -> float:
                 trace.outcomes(jobs, drafts, outcomes)
         for span, rec, job in zip(calls, recs, jobs):
             end_request(span, rec, job)
-        total += time.perf_counter() - t0
-    return total / ((requests // batch) * rounds)
+
+    steps = [lambda g=g: request(*g) for g in groups]
+    return _paced_cpu(steps, pace_s * rounds) / (len(groups) * rounds)
 
 
 class _CallDetails(NamedTuple):  # what grpc hands a server interceptor
@@ -107,57 +122,79 @@ class _CallDetails(NamedTuple):  # what grpc hands a server interceptor
     invocation_metadata: tuple
 
 
-def run_worker_calls(calls: int) -> float:
-    """Seconds per worker call of the server side (specdec/rpc/tracing.py's interceptor, installed
-    only while tracing is on) around a Verify handler that does nothing."""
+def run_worker_calls(calls: int, pace_s: float) -> float:
+    """CPU seconds per worker call of the server side (specdec/rpc/tracing.py's interceptor,
+    installed only while tracing is on) around a Verify handler that does nothing."""
     request = worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem()] * 4)
     handler = grpc.unary_unary_rpc_method_handler(lambda req, ctx: req)
     metadata = (("traceparent", f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"),)
     details = _CallDetails("/specdec.v1.TargetService/Verify", metadata)
     interceptors = tracing.server_interceptors()
-    t0 = time.perf_counter()
-    for _ in range(calls):
+
+    def call() -> None:
         h = handler
         for i in interceptors:  # as grpc does per call
             h = i.intercept_service(lambda d: handler, details)
         h.unary_unary(request, None)
-    return (time.perf_counter() - t0) / calls
+
+    return _paced_cpu([call] * calls, pace_s) / calls
+
+
+@contextmanager
+def _receiver() -> Iterator[tuple[str, list[int]]]:
+    """tests/otlp_receiver.py in a process of its own (its decoding is not this process's CPU);
+    yields its endpoint and, once it ends, the spans it got."""
+    code = (
+        "import sys\nfrom tests.otlp_receiver import otlp_receiver\nwith otlp_receiver() as rx:\n"
+        "    print(rx.endpoint, flush=True)\n    sys.stdin.read()\n    print(len(rx.spans), flush=True)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    got: list[int] = []
+    try:
+        yield proc.stdout.readline().strip(), got
+    finally:
+        proc.stdin.close()
+        got.append(int(proc.stdout.readline() or 0))
+        proc.wait(timeout=30)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", default="1,8", help="requests per round, comma-separated")
-    p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--requests", type=int, default=400)
     p.add_argument("--rounds", type=int, default=8, help="rounds per request")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--pace-ms", type=float, default=2.0, help="time between rounds (and between worker calls / 4)")
+    p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--json", default=None, help="write the figures here too")
     args = p.parse_args()
     for key in [k for k in os.environ if k.startswith("OTEL_")]:  # "off" means off
         del os.environ[key]
+    pace = args.pace_ms / 1e3
     results = []
-    with otlp_receiver() as rx:
-        for batch in [int(b) for b in args.batch.split(",")]:
+    with _receiver() as (endpoint, received):
+
+        def both(measure) -> dict[str, float]:  # alternating, best of --repeat, in microseconds
             best = {"off": float("inf"), "on": float("inf")}
             for _ in range(args.repeat):
-                best["off"] = min(best["off"], run(batch, args.requests, args.rounds))
-                with _exported_to(rx.endpoint):
-                    best["on"] = min(best["on"], run(batch, args.requests, args.rounds))
-            row = {"batch": batch, "off_us_per_round": best["off"] * 1e6, "on_us_per_round": best["on"] * 1e6}
-            results.append(row)
+                best["off"] = min(best["off"], measure())
+                with _exported_to(endpoint):
+                    best["on"] = min(best["on"], measure())
+            return {k: v * 1e6 for k, v in best.items()}
+
+        for batch in [int(b) for b in args.batch.split(",")]:
+            us = both(lambda batch=batch: run(batch, args.requests, args.rounds, pace))
+            # off, back to back: all the instrumentation costs when off, the harness's loop included
+            us["off_unpaced"] = min(run(batch, args.requests, args.rounds, 0.0) for _ in range(args.repeat)) * 1e6
+            results.append({"per": "round", "batch": batch, **us})
             print(
-                f"batch {batch}: off {row['off_us_per_round']:.2f} us/round, on {row['on_us_per_round']:.1f} us/round"
-                f" ({row['on_us_per_round'] / batch:.1f} us per request-round)",
+                f"per round of {batch} request(s): off {us['off']:.1f} us CPU ({us['off_unpaced']:.2f} us back to "
+                f"back, no sleep), on {us['on']:.1f} us (+{(us['on'] - us['off']) / batch:.1f} us per request-round)",
                 flush=True,
             )
-        best = {"off": float("inf"), "on": float("inf")}
-        for _ in range(args.repeat):
-            best["off"] = min(best["off"], run_worker_calls(args.requests * 4))
-            with _exported_to(rx.endpoint):
-                best["on"] = min(best["on"], run_worker_calls(args.requests * 4))
-        row = {"worker_call": True, "off_us": best["off"] * 1e6, "on_us": best["on"] * 1e6}
-        results.append(row)
-        print(f"worker call (Verify handler): off {row['off_us']:.2f} us, on {row['on_us']:.1f} us", flush=True)
-        print(f"spans received while on: {len(rx.spans)}")
+        us = both(lambda: run_worker_calls(args.requests * args.rounds, pace / 4))
+        results.append({"per": "worker call", **us})
+        print(f"per worker call: off {us['off']:.1f} us CPU, on {us['on']:.1f} us", flush=True)
+    print(f"spans the receiver got: {received[0]}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -42,6 +42,7 @@ __all__ = [
     "wanted",
     "setup",
     "shutdown",
+    "flush",
     "tracer",
     "outgoing",
     "incoming",
@@ -131,6 +132,12 @@ def shutdown() -> None:
             return
         provider, _provider, _tracer, active = _provider, None, None, False
     provider.shutdown()  # flushes the batch; outside the lock: it may wait on the collector
+
+
+def flush() -> bool:
+    """Export every span ended so far (benchmarks, tests); True when done, or when tracing is off."""
+    provider = _provider
+    return True if provider is None else provider.force_flush()
 
 
 def tracer() -> Any:
