@@ -8,7 +8,8 @@ process (``RouterThread``), and the HTTP gateway process in front of it. With th
 each request is one trace holding the router's request span, one ``round`` span per round the
 response reports, and both workers' spans, joined by the ``traceparent`` each call carries; a
 caller's trace (gRPC metadata or an HTTP header through the gateway) is kept. Without them nothing
-is exported and no SDK provider exists.
+is exported and no SDK provider exists. Worker actors on a joined Ray cluster get the variables
+through their runtime_env (the headers excepted).
 """
 
 from __future__ import annotations
