@@ -3,7 +3,8 @@
 
 The caller's bearer token travels as the gRPC call's own credential, so the router alone decides who
 may call (same token file, same per-client limit, same 401); ``x-request-id`` becomes the request's
-id, hence the router's access-log ``request_id``, and is echoed. A stream's client going away
+id, hence the router's access-log ``request_id``, and is echoed; ``traceparent`` goes on to the
+router, whose spans join the caller's trace. A stream's client going away
 cancels the gRPC call, which frees the request's KV slots at once.
 """
 
@@ -31,6 +32,7 @@ from gateway.openai_response import DONE, Reply, models_list, sse
 from specdec.rpc.aio_client import AsyncSpecdecClient
 from specdec.rpc.client_credentials import ClientCredentials
 from specdec.rpc.client_errors import SpecdecError
+from specdec.rpc.tracing import forwarded
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +79,9 @@ def _default_and_fingerprint(models: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
+    """The caller's token and trace context (W3C ``traceparent``: the router's span joins its trace)."""
     auth = request.headers.get("authorization")
-    return (("authorization", auth),) if auth else ()
+    return ((("authorization", auth),) if auth else ()) + forwarded(request.headers)
 
 
 def _request_id(request: Request) -> str:

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -81,6 +82,7 @@ class Job:
     spec_off: bool = False
     spec_changed_at: float = -math.inf
     spec_planned: bool = False
+    span: Any = None  # the request's span while tracing is on (router/traces.py): its rounds' parent
 
     @property
     def params(self) -> SamplingParams:

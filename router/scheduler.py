@@ -57,6 +57,7 @@ from router.jobs import Chunk, Job, QueueFull, next_job_key
 from router.metrics import Metrics
 from router.target_balance import TargetBalance
 from router.target_link import TargetLink
+from router.traces import round_trace
 from router.workers import WorkerClient, WorkerUnavailable
 from specdec.core.params import InvalidParams, SamplingParams, VerifyMode
 from specdec.core.prefill_plan import PrefillNeed, chunks_between, plan_prefill
@@ -339,8 +340,9 @@ class TargetScheduler:
         if not chunks:
             return []
         seqs = [sequence_to_proto(j.key, j.state.prompt_ids[: plan[j.key] + 1], j.params, j.mode) for j in chunks]
-        self.drafting.prefill(chunks, plan)
-        await self.link.prefill(seqs)
+        with round_trace(chunks, "prefill"):  # the drafters' Prefill calls start inside too
+            self.drafting.prefill(chunks, plan)
+            await self.link.prefill(seqs)
         self.metrics.prefill_chunks.inc(
             sum(chunks_between(j.state.prefilled, plan[j.key], self.cfg.prefill_chunk) for j in chunks)
         )
@@ -369,14 +371,24 @@ class TargetScheduler:
         ks += [self._want_k(j) for j in cached]
         if not batch:
             return
+        with round_trace(batch) as trace:
+            await self._verify_round(batch, ks, cached, t0, t_prefill, trace)
+
+    async def _verify_round(
+        self, batch: list[Job], ks: list[int], cached: list[Job], t0: float, t_prefill: float, trace
+    ) -> None:
+        """The rest of a round, once its prompt chunks are cached: drafts, verify, commit."""
         # A request's first round feeds the drafter its prompt's tail: it says nothing of a step.
         prefills = any(not j.state.generated for j in batch)
         ks = self.balance.speculation(batch, ks)
-        drafts, draft_wait = await self.drafting.drafts(batch, ks)
+        with trace.phase("draft_wait"):
+            drafts, draft_wait = await self.drafting.drafts(batch, ks)
         self.drafting.launch_predraft(batch, ks, drafts, self._policy_k, self.balance.predraft)
         t1 = clock.now()
-        outcomes, compute = await self.link.verify(batch, drafts)
+        with trace.phase("verify"):
+            outcomes, compute = await self.link.verify(batch, drafts)
         t2 = clock.now()
+        trace.outcomes(batch, drafts, outcomes)
         self.balance.log_round(batch, ks, [len(d.tokens) for d in drafts], draft_wait, t2 - t1, compute)
         if not any(isinstance(o, BaseException) for o in outcomes):
             dt = t2 - t1

@@ -40,7 +40,7 @@ from router.telemetry_loop import TelemetryLoop
 from router.tokenizer_link import TokenizerMismatch, drafter_mismatch, fetch_detokenizer
 from router.workers import Endpoint, WorkerClient, WorkerUnavailable
 from specdec.core.tokenizer_spec import vocab_fingerprint
-from specdec.rpc import generate_pb2, generate_pb2_grpc
+from specdec.rpc import generate_pb2, generate_pb2_grpc, tracing
 from specdec.rpc.api_security import SecurityConfig
 from specdec.rpc.errors import RpcStatusError
 from specdec.rpc.server import announce_aio_shutdown, start_aio_server
@@ -98,6 +98,7 @@ class Router:
         self._detoks: dict[Path, Detokenizer] = {}
         self.target_fingerprints: dict[str, str] = {}  # target name -> tokenizer fingerprint
         self.refused: dict[str, str] = {}  # drafter name -> why (tokenizer mismatch)
+        self.traced = False  # whether start() turned tracing on (specdec.rpc.tracing)
         self.draining: set[str] = set()  # target replicas taking no new requests (router/autoscaler.py)
         self.autoscaler = (
             Autoscaler(self, actuator, self.config.scaling) if actuator and self.config.scaling.enabled else None
@@ -140,6 +141,7 @@ class Router:
         """Connect to every worker (targets must answer within ``connect_timeout``; a draft
         worker that does not is used once it does), then serve gRPC and /metrics."""
         cfg = self.config
+        self.traced = tracing.setup("specdec-router")
         for b in self.bindings:
             if b.tokenizer is not None:
                 self._detok(b.tokenizer)  # fail early on a missing local tokenizer
@@ -201,6 +203,9 @@ class Router:
         for w in self.targets + self.pool.clients:
             await w.close()
         self.metrics.close()
+        if self.traced:
+            self.traced = False
+            await asyncio.to_thread(tracing.shutdown)  # exports the last spans; may wait on the collector
 
     @property
     def address(self) -> str:

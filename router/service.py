@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -29,9 +29,10 @@ from router.config import RouterConfig
 from router.metrics import Metrics
 from router.retry import DrainEstimate, worker_recovery_estimate
 from router.scheduler import Chunk, Job, TargetScheduler
+from router.traces import end_request, start_request, traced_job
 from router.validate import Limits, PromptInput, check_request_id, finalize, parse, parse_prompt
 from router.workers import WorkerUnavailable
-from specdec.rpc import generate_pb2, generate_pb2_grpc
+from specdec.rpc import generate_pb2, generate_pb2_grpc, tracing
 from specdec.rpc.convert import check_token_ids
 from specdec.rpc.errors import RpcStatusError, abort_with_async, rich_status_for
 
@@ -82,10 +83,17 @@ class Schedulers(Protocol):
 
 @dataclass
 class _Call:
-    """One call being served: its access-log record and, once picked, its scheduler."""
+    """One call being served: its access-log record, its span while tracing (router/traces.py),
+    and once picked, its scheduler and job."""
 
     rec: AccessRecord
+    span: Any = None
     sched: TargetScheduler | None = None
+    job: Job | None = None
+
+    def end(self) -> None:
+        self.rec.emit()
+        end_request(self.span, self.rec, self.job)
 
 
 class GenerationService(generate_pb2_grpc.GenerationServicer):
@@ -115,7 +123,8 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         remaining = context.time_remaining()
         deadline = rec.t_start + remaining if remaining is not None else None
         prompt = PromptInput(parsed.prompt, parsed.prompt_ids, parsed.chat, parsed.messages)
-        prompt_ids = await self._prompt_ids(sched, prompt, remaining)
+        with tracing.current(call.span):  # the target's Tokenize span joins the request's trace
+            prompt_ids = await self._prompt_ids(sched, prompt, remaining)
         rec.prompt_tokens = len(prompt_ids)
         params, mode = finalize(
             parsed,
@@ -128,6 +137,8 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         job = sched.new_job(request_id, prompt_ids, params, mode, parsed.spec_mode, parsed.k, deadline)
         job.t_arrival = rec.t_start
         job.client = client_key(context.invocation_metadata(), context.peer())  # as the per-client limit counts
+        call.job = job
+        traced_job(call.span, job)
         sched.submit(job)
         return job
 
@@ -204,7 +215,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
 
     # ---- RPCs ----------------------------------------------------------------------------------
     async def Generate(self, request: generate_pb2.GenerateRequest, context) -> generate_pb2.GenerateResponse:
-        call = _Call(AccessRecord("Generate", context.peer()))
+        call = _Call(AccessRecord("Generate", context.peer()), start_request(SERVICE_NAME, "Generate", context))
         token_ids: list[int] = []
         text: list[str] = []
         job = last = None
@@ -214,7 +225,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                 text.append(chunk.text)
                 job, last = chunk_job, chunk
         finally:
-            call.rec.emit()
+            call.end()
         if job is None or last is None:  # aborted (the abort raised inside the generator)
             return generate_pb2.GenerateResponse()
         return generate_pb2.GenerateResponse(
@@ -227,7 +238,9 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         )
 
     async def GenerateStream(self, request: generate_pb2.GenerateRequest, context) -> None:
-        call = _Call(AccessRecord("GenerateStream", context.peer()))
+        call = _Call(
+            AccessRecord("GenerateStream", context.peer()), start_request(SERVICE_NAME, "GenerateStream", context)
+        )
         bound = self.router.config.stream_write_timeout_s
         stopped_reading = False
         # aclosing: a client that goes away, or stops reading, closes this generator; the chunks'
@@ -254,7 +267,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                         call.rec.status = "CANCELLED"
                         raise
         finally:
-            call.rec.emit()
+            call.end()
         if stopped_reading:  # the job was cancelled, and counted, as the chunks closed
             try:  # the status goes out behind the unread chunks: this waits until the client reads or leaves
                 await context.abort(

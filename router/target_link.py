@@ -16,7 +16,7 @@ from router.config import RouterConfig
 from router.jobs import Job
 from router.workers import WorkerClient, WorkerUnavailable
 from specdec.core.round_types import Draft
-from specdec.rpc import generate_pb2, worker_pb2
+from specdec.rpc import generate_pb2, tracing, worker_pb2
 from specdec.rpc.convert import add_verify_item
 from specdec.rpc.errors import RpcStatusError
 
@@ -36,22 +36,33 @@ class TargetLink:
         """One call, waiting for (and replaying on) a restarted target; (response, the worker's
         compute seconds if reported)."""
         t_end = clock.now() + self.cfg.recovery_timeout_s
-        while True:
-            try:
-                await self.target.wait_up(max(0.1, t_end - clock.now()))
-                self.down_since = None
-                async with self.target.lock:
-                    resp, compute = await self.target.call_timed(method, request, timeout=self.cfg.rpc_timeout_s)
-                if len(resp.outcomes) != n:
-                    raise RpcStatusError(grpc.StatusCode.INTERNAL, "the target answered the wrong number of items")
-                return resp, compute
-            except WorkerUnavailable:
-                if self.down_since is None:
-                    self.down_since = clock.now()
-                if clock.now() >= t_end:
-                    raise
-                log.info("target %s unavailable; replaying the round once it is back", self.name)
-                await asyncio.sleep(0.05)
+        replay = None  # a "replay" span (router/traces.py) from the first failure on, while tracing
+        error: BaseException | None = None
+        try:
+            while True:
+                try:
+                    await self.target.wait_up(max(0.1, t_end - clock.now()))
+                    self.down_since = None
+                    async with self.target.lock:
+                        resp, compute = await self.target.call_timed(method, request, timeout=self.cfg.rpc_timeout_s)
+                    if len(resp.outcomes) != n:
+                        raise RpcStatusError(grpc.StatusCode.INTERNAL, "the target answered the wrong number of items")
+                    return resp, compute
+                except WorkerUnavailable:
+                    if self.down_since is None:
+                        self.down_since = clock.now()
+                    if clock.now() >= t_end:
+                        raise
+                    log.info("target %s unavailable; replaying the round once it is back", self.name)
+                    if replay is None:
+                        replay = tracing.child("replay", {"specdec.worker": self.target.name, "rpc.method": method})
+                    await asyncio.sleep(0.05)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if replay is not None:
+                replay.close(error)
 
     async def _verify_call(self, request) -> tuple[list[worker_pb2.VerifyOutcome], float | None]:  # noqa: ANN001
         resp, compute = await self._replayed("Verify", request, len(request.items))

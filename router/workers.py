@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import grpc
 
 from router import clock
-from specdec.rpc import worker_pb2, worker_pb2_grpc
+from specdec.rpc import tracing, worker_pb2, worker_pb2_grpc
 from specdec.rpc.telemetry import COMPUTE_METADATA_KEY
 from specdec.rpc.worker_secret import aio_client_interceptors
 
@@ -256,7 +256,9 @@ class WorkerClient:
             raise WorkerUnavailable(f"{self.role} worker {self.name} is down")
         address = self.address
         try:
-            call = getattr(self.stub, method)(request, timeout=timeout)
+            # the current span (a round's phase, a request) is the parent of the worker's span
+            metadata = tracing.outgoing() if tracing.active and method in tracing.WORKER_RPCS else None
+            call = getattr(self.stub, method)(request, timeout=timeout, metadata=metadata)
             resp = await call
             compute = None
             for key, value in (await call.trailing_metadata()) or ():

@@ -15,6 +15,7 @@ from typing import Any
 
 from specdec.core.draft_options import add_draft_option_flags, draft_option_overrides
 from specdec.core.dtypes import DTYPE_NAMES
+from specdec.rpc import tracing
 from specdec.rpc.grpc_options import ConnectionLimits
 from specdec.rpc.server import Registration, hostport, serve_until_signal, set_serving, start_server, stop_server
 from specdec.rpc.telemetry import TelemetryConfig, TelemetrySampler, WorkerMeter
@@ -66,6 +67,11 @@ def actor_options(
     for key in ("num_gpus", "accelerator_type", "memory", "scheduling_strategy", "runtime_env"):
         if placement.get(key) is not None:
             opts[key] = placement[key]
+    otel = tracing.worker_env()
+    if otel:  # an embedded cluster's actors inherit them; a joined cluster's raylets were started elsewhere
+        env = dict(opts.get("runtime_env") or {})
+        env["env_vars"] = {**otel, **env.get("env_vars", {})}
+        opts["runtime_env"] = env
     if name is not None:
         opts["name"] = name
     return opts
@@ -217,13 +223,15 @@ class WorkerHost:
         self.telemetry = TelemetrySampler(config.device, self.meter, tcfg).start() if tcfg.enabled else None
         self.meter.sampler = self.telemetry
         node_ip = node_ip or self.facts.get("node_ip")
+        kind = register[0][2].rsplit(".", 1)[-1].removesuffix("Service").lower()  # a TP rank 0 serves TargetService
+        self.traced = tracing.setup(f"specdec-{kind}-worker")
         self.server, self.port = start_server(
             register,
             host=bind_host(config, node_ip),
             port=config.port,
             max_workers=config.grpc_threads,
             options=worker_limits(config).server_options(),
-            interceptors=[worker_interceptor(secret or require_secret())],
+            interceptors=[worker_interceptor(secret or require_secret()), *tracing.server_interceptors()],
         )
         self.host = advertised_host(config, node_ip)
         self.started_at = time.time()
@@ -270,6 +278,9 @@ class WorkerHost:
         stop_server(self.server, grace)
         if self.telemetry is not None:
             self.telemetry.stop()
+        if self.traced:
+            self.traced = False
+            tracing.shutdown()  # exports the spans still batched
 
 
 def worker_main(argv: list[str] | None, role: str, description: str, make_worker: Callable[[WorkerConfig], Any]) -> int:

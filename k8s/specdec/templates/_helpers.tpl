@@ -33,6 +33,17 @@ app.kubernetes.io/component: {{ .component }}
 - name: RAY_AUTH_MODE
   value: disabled
 {{- end }}
+{{- with .Values.tracing.otlpEndpoint }}
+# OpenTelemetry traces by OTLP/gRPC: the router and the workers (actors inherit their pod's env).
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- if $.Values.tracing.sampleRatio }}
+- name: OTEL_TRACES_SAMPLER
+  value: parentbased_traceidratio
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ $.Values.tracing.sampleRatio | toString | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* The model-pack volume: a shared PVC, or an emptyDir per pod. */}}
