@@ -243,13 +243,8 @@ class TargetScheduler:
             job = self.waiting.popleft()
             self.metrics.queue_depth.dec()
             if not job.done:
-                self._fail(
-                    job,
-                    RpcStatusError(
-                        grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed while the request was queued"
-                    ),
-                    outcome="deadline_exceeded",
-                )
+                late = "the deadline passed while the request was queued"
+                self._fail(job, RpcStatusError(grpc.StatusCode.DEADLINE_EXCEEDED, late), outcome="deadline_exceeded")
         while self.waiting and can_admit(len(self.running), self.capacity, self._closing):
             clients = [j.client for j in self.waiting]
             i = next_admission(clients, [j.client for j in self.running], self.cfg.fair_share, self.admitted)
