@@ -29,10 +29,10 @@ from specdec.core.attention import (
     invariant_attention,
     padded_span,
     padding_rule_holds,
-    query_width,
 )
 from specdec.core.packed import PackedWeight, pack, packing_supported
 from specdec.core.quant import Int8Weight, int8_supported, linear, quantize_int8
+from specdec.core.ragged_batch import RaggedBatch
 from specdec.core.static_step import StaticSteps
 
 log = logging.getLogger(__name__)
@@ -310,13 +310,15 @@ class ModelRunner:
             # Decode and verify: bucketed static shapes, each row's numbers as below (static_step.py).
             logits = self.static.run(slots, tokens, lens, starts, n_logits, invariant)
         else:
-            logits = self._eager(_Batch.plan(self, slots, tokens, n_logits, lens, starts, invariant), tokens, invariant)
+            logits = self._eager(
+                RaggedBatch.plan(self, slots, tokens, n_logits, lens, starts, invariant), tokens, invariant
+            )
         for slot, row, start in zip(slots, tokens, starts):
             self.lengths[slot] = start + len(row)
             self.slot_tokens[slot].extend(int(t) for t in row)
         return logits
 
-    def _eager(self, batch: _Batch, tokens: Sequence[Sequence[int]], invariant: bool) -> list[torch.Tensor]:
+    def _eager(self, batch: RaggedBatch, tokens: Sequence[Sequence[int]], invariant: bool) -> list[torch.Tensor]:
         """The forward at the batch's own shapes: prefill, and whatever the static buckets do not hold."""
         dev, n, rows = self.device, batch.tokens, batch.rows
         ids = torch.zeros(rows, dtype=torch.long)
@@ -375,7 +377,7 @@ class ModelRunner:
             return linear(x, w, bias)[:m]
         return torch.cat([linear(block, w, bias) for block in x.split(size)])[:m]
 
-    def _attention(self, layer: int, q: torch.Tensor, batch: _Batch, bias: torch.Tensor | None) -> torch.Tensor:
+    def _attention(self, layer: int, q: torch.Tensor, batch: RaggedBatch, bias: torch.Tensor | None) -> torch.Tensor:
         """Attention of the packed queries q [n, H, D] over their rows' caches; returns [n, H*D].
         With `bias` (from `hidden_keys_bias`), the invariant attention; without, SDPA."""
         b, width = len(batch.slots), batch.width
@@ -441,76 +443,6 @@ def _check_rows(
     if min(min(row) for row in tokens) < 0 or max(max(row) for row in tokens) >= runner.vocab_size:
         raise RunnerError(f"token ids must be in [0, {runner.vocab_size})")
     return n_logits, lens, starts
-
-
-@dataclass
-class _Batch:
-    """Where the tokens of a ragged forward sit: packed [n] for the GEMMs, [B, width] for attention."""
-
-    slots: list[int]
-    starts: list[int]
-    lens: list[int]
-    num_logits: list[int]
-    offsets: list[int]  # first packed index of each row
-    width: int  # query positions per row in the attention layout (>= the longest row)
-    rows: int  # packed rows the GEMMs run over: the tokens, plus padding in invariant mode
-    span: int  # keys the longest row attends over
-    slot_t: torch.Tensor
-    lens_t: torch.Tensor
-    positions: torch.Tensor  # [B, width]
-    index: torch.Tensor | None  # packed -> flat [B * width] index; None when the tokens fill the layout
-
-    @property
-    def tokens(self) -> int:
-        return sum(self.lens)
-
-    @classmethod
-    def plan(
-        cls,
-        runner: ModelRunner,
-        slots: Sequence[int],
-        tokens: Sequence[Sequence[int]],
-        n_logits: list[int],
-        lens: list[int],
-        starts: list[int],
-        invariant: bool,
-    ) -> _Batch:
-        batch = len(slots)
-        dev = runner.device
-        width, n = max(lens), sum(lens)
-        if invariant:
-            width = query_width(width, runner.num_heads, runner.num_kv_heads)
-        lens_t = torch.tensor(lens, dtype=torch.long, device=dev)
-        offsets = torch.arange(width, device=dev)
-        valid = offsets[None, :] < lens_t[:, None]
-        index = None if n == batch * width else valid.view(-1).nonzero().squeeze(1)
-        return cls(
-            slots=list(slots),
-            starts=starts,
-            lens=lens,
-            num_logits=n_logits,
-            offsets=[sum(lens[:b]) for b in range(batch)],
-            width=width,
-            rows=gemm_rows(n, runner.dtype) if invariant else n,
-            span=max(s + k for s, k in zip(starts, lens)),
-            slot_t=torch.tensor(slots, dtype=torch.long, device=dev),
-            lens_t=lens_t,
-            positions=torch.tensor(starts, dtype=torch.long, device=dev)[:, None] + offsets[None, :],
-            index=index,
-        )
-
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, width, ...] -> [n, ...]: the real tokens, row after row."""
-        flat = x.reshape(len(self.slots) * self.width, *x.shape[2:])
-        return flat if self.index is None else flat[self.index]
-
-    def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """[n, ...] -> [B, width, ...], zeros at the padding."""
-        if self.index is None:
-            return x.view(len(self.slots), self.width, *x.shape[1:])
-        out = x.new_zeros(len(self.slots) * self.width, *x.shape[1:])
-        out[self.index] = x
-        return out.view(len(self.slots), self.width, *x.shape[1:])
 
 
 def _silu(x: torch.Tensor) -> torch.Tensor:
