@@ -134,7 +134,8 @@ def bytes_roofline_ms(runner, rows: int, width: int, ctx: int, gbs: float) -> fl
     """What a forward of ``rows`` x ``width`` new tokens after ``ctx`` cached ones costs if it only
     moved its bytes at ``gbs``: every weight it multiplies by (the embedding is a lookup of a few
     rows), and the keys and values of every row's context and new tokens, read once."""
-    weights = sum(w.nbytes for layer in runner.layers for w in vars(layer).values() if isinstance(w, torch.Tensor))
+    # Packed CPU weights (specdec/core/packed.py) read as many bytes as plain ones.
+    weights = sum(w.nbytes for layer in runner.layers for w in vars(layer).values() if hasattr(w, "nbytes"))
     weights += runner.lm_head.nbytes + runner.final_norm.nbytes
     kv_per_token = runner.k_cache[:, 0, :, 0].nbytes * 2  # keys and values, every layer and KV head
     return round((weights + rows * (ctx + width) * kv_per_token) / (gbs * 1e9) * 1e3, 3)

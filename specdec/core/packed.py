@@ -32,6 +32,11 @@ class PackedWeight:
     def shape(self) -> torch.Size:
         return self.source.shape
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes a GEMM reads (the packed copy holds as many as the plain weight)."""
+        return self.source.nbytes
+
 
 def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packs CPU weights in float32 always, in bf16 where the CPU has bf16 instructions."""
