@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,6 +29,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 LFS_PATTERNS = (".safetensors", ".gguf", ".bin")
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def git_blob_id(data: bytes) -> str:
@@ -223,3 +227,16 @@ def _cdn_handler(hub: HubStandin) -> type[_Handler]:
 
     Cdn.hub = hub
     return Cdn
+
+
+def specdec_cli(hub: HubStandin, cache: Path, *args: str, token: str | None = None) -> subprocess.CompletedProcess:
+    """``specdec ARGS`` as the chart's init container runs it, pointed at the stand-in: ``HF_ENDPOINT``
+    set, ``HF_TOKEN`` only when given, and not offline (the tests' conftest sets HF_HUB_OFFLINE=1,
+    which huggingface_hub reads once, at import: a pull runs in its own process)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env.update(HF_ENDPOINT=hub.url, SPECDEC_CACHE=str(cache), HF_HOME=str(cache / "hf-home"))
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    if token is not None:
+        env["HF_TOKEN"] = token
+    cmd = [sys.executable, "-m", "specdec.cli", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
