@@ -37,8 +37,8 @@ def _config(spec: str) -> dict:
 
     try:
         reader = gguf.GGUFReader(str(folder / gguf_file))
-    except (OSError, ValueError) as exc:
-        raise ModelCheckError(f"model {spec!r}: not a readable GGUF file: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - a truncated file fails deep in the reader (IndexError, ...)
+        raise ModelCheckError(f"model {spec!r}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
     field = reader.get_field("general.architecture")
     arch = field.contents() if field is not None else None
     return {"model_type": arch, "architectures": None}
