@@ -16,7 +16,7 @@ import time
 
 from specdec.cli.exit_codes import OK, USAGE
 from specdec.core import packs
-from specdec.core.model_source import ModelSourceError, local_files, parse_source
+from specdec.core.model_source import ModelSourceError, local_files, parse_source, pulled_models
 
 
 def _pack_rows() -> list[dict[str, object]]:
@@ -29,6 +29,15 @@ def _pack_rows() -> list[dict[str, object]]:
             "gguf_sha256": p.gguf_sha256,
         }
         for p in packs.PACKS.values()
+    ] + [
+        {
+            "name": f"{m['repo']}@{m['commit']}",
+            "role": "hub",
+            "ready": True,
+            "path": str(folder),
+            "revision": m["revision"],
+        }
+        for folder, m in pulled_models()
     ]
 
 
@@ -111,7 +120,7 @@ def add_models(sub: argparse._SubParsersAction) -> None:
     models = sub.add_parser("models", help="models: offline packs, local folders, GGUF files, hub ids (list, prepare)")
     msub = models.add_subparsers(dest="models_command", required=True)
 
-    p = msub.add_parser("list", help="show the model packs and whether they are prepared")
+    p = msub.add_parser("list", help="show the model packs (prepared or not) and the pulled hub models")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_models_list)
 

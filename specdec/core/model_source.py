@@ -31,6 +31,7 @@ __all__ = [
     "hub_repo_dir",
     "hub_snapshot_dir",
     "read_hub_marker",
+    "pulled_models",
 ]
 
 HUB_MARKER = "specdec_source.json"  # written last into a pulled snapshot: its presence means "complete"
@@ -112,6 +113,16 @@ def read_hub_marker(folder: Path) -> dict | None:
         return json.loads((folder / HUB_MARKER).read_text())
     except (OSError, ValueError):
         return None
+
+
+def pulled_models() -> list[tuple[Path, dict]]:
+    """(snapshot folder, marker) of every complete hub snapshot in the model cache."""
+    found = []
+    for folder in sorted((packs.cache_root() / "hub").glob("*/*/*")):
+        marker = read_hub_marker(folder) if COMMIT.match(folder.name) else None
+        if marker is not None:
+            found.append((folder, marker))
+    return found
 
 
 def pinned_commit(repo: str, revision: str) -> str | None:

@@ -54,6 +54,10 @@ def test_pull_by_branch_pins_the_commit(tmp_path: Path, files, monkeypatch: pyte
         assert local_files(f"{REPO}@main")[0] == snapshot.parent / second
         assert local_files(f"{REPO}@{first}")[0] == snapshot  # a commit pins itself
 
+        listed = json.loads(specdec_cli(hub, cache, "models", "list", "--json").stdout)
+        hub_rows = [(r["name"], r["path"]) for r in listed if r["role"] == "hub"]
+        assert hub_rows == sorted([(f"{REPO}@{c}", str(snapshot.parent / c)) for c in (first, second)])
+
         # pulling again is a no-op: one info request, no download
         before = len(hub.requests)
         assert specdec_cli(hub, cache, "models", "pull", f"{REPO}@main").returncode == 0
