@@ -117,7 +117,7 @@ def _models_pull(args: argparse.Namespace) -> int:
 
 
 def add_models(sub: argparse._SubParsersAction) -> None:
-    models = sub.add_parser("models", help="models: offline packs, local folders, GGUF files, hub ids (list, prepare)")
+    models = sub.add_parser("models", help="packs, local folders, GGUF files, hub ids (list, prepare, pull)")
     msub = models.add_subparsers(dest="models_command", required=True)
 
     p = msub.add_parser("list", help="show the model packs (prepared or not) and the pulled hub models")
