@@ -197,6 +197,10 @@ def pull(spec: str, progress: bool = True) -> Path:
                     "seconds": round(time.monotonic() - t0, 2),
                 }
                 (work / HUB_MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: "complete"
+                # mkdtemp makes 0700: the cache is shared read-only with the serving user (docs/models.md)
+                work.chmod(0o755)
+                for f in work.iterdir():
+                    f.chmod(0o644)
                 final.parent.mkdir(parents=True, exist_ok=True)
                 if final.exists():  # no marker: incomplete, never used (model_source.hub_local_dir)
                     shutil.rmtree(final)

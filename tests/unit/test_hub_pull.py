@@ -45,6 +45,8 @@ def test_pull_by_branch_pins_the_commit(tmp_path: Path, files, monkeypatch: pyte
         assert "sha256" in marker["files"]["model.safetensors"]  # LFS: checked against lfs.sha256
         assert "git_blob_id" in marker["files"]["config.json"]  # small files: against the blob id
         assert all((snapshot / name).read_bytes() == data for name, data in files.items())
+        assert sorted(p.name for p in snapshot.iterdir()) == sorted([*files, HUB_MARKER])  # nothing else
+        assert {oct(p.stat().st_mode & 0o777) for p in [snapshot, *snapshot.iterdir()]} == {"0o755", "0o644"}
 
         # main moves on: serving keeps the pinned commit until the next pull
         second = hub.add_commit(REPO, {**files, "config.json": files["config.json"].replace(b"{", b"{ ", 1)})
