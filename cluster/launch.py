@@ -85,12 +85,13 @@ def check_exposure(cfg: ServeConfig) -> None:
 
 
 def check_models(cfg: ServeConfig) -> None:
-    """Fail before starting anything when a model pack is not prepared (PackNotReady says how)."""
+    """Fail before starting anything when a model is not prepared or pulled (the error says how), the
+    runner does not support its architecture, or the draft's tokenizer is not the target's
+    (specdec.core.model_check; docs/models.md)."""
     from specdec.core import packs
+    from specdec.core.model_check import check_models as check_model_pair
 
-    for pool in (cfg.target, cfg.draft):
-        if pool is not None and pool.worker.model in packs.PACKS:
-            packs.resolve_pack(pool.worker.model)
+    check_model_pair(cfg.target.worker.model, cfg.draft.worker.model if cfg.draft is not None else None)
     if cfg.target.tokenizer and cfg.target.tokenizer in packs.PACKS:
         packs.resolve_pack(cfg.target.tokenizer)
 

@@ -80,8 +80,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         "actors, and serve specdec.v1.Generation with /metrics. SIGINT/SIGTERM stops it cleanly.",
     )
     p.add_argument("--config", default=None, metavar="YAML", help="deployment config (default: configs/default.yaml)")
-    p.add_argument("--target", default=None, help="target model (pack name, HF folder, .gguf file or hub id)")
-    p.add_argument("--draft", default=None, help="draft model, 'ngram' (n-gram draft worker) or 'none'")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="target model: a pack name, a model folder, a .gguf file or a pulled hub id ORG/NAME@REVISION",
+    )
+    p.add_argument("--draft", default=None, help="draft model (as --target), 'ngram' (n-gram draft worker) or 'none'")
     p.add_argument("--dtype", default=None, choices=DTYPE_NAMES, help="both pools")
     p.add_argument("--port", type=int, default=None, help="gRPC port (default 50051; 0 = any free port)")
     p.add_argument(
@@ -191,13 +195,16 @@ class _EngineRunner:
 
 
 def _local_tokenizer(model: str):
-    """The target's tokenizer when its files are here (a prepared pack or a folder), else None."""
+    """The target's tokenizer when its files are here (a prepared pack, a folder, a GGUF file or a
+    pulled hub id: specdec.core.model_source), else None."""
     try:
         from transformers import AutoTokenizer
 
-        from router.detok import resolve_model_dir
+        from specdec.core.model_source import local_files
 
-        return AutoTokenizer.from_pretrained(str(resolve_model_dir(model)))
+        folder, gguf_file = local_files(model)
+        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **kwargs)
     except Exception:  # noqa: BLE001 - optional: the server can tokenize text itself
         return None
 

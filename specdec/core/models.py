@@ -1,10 +1,10 @@
-"""Loading causal LMs: by model pack name, local HF folder, GGUF file, or hub id."""
+"""Loading causal LMs: by model pack name, local HF folder, GGUF file, or pulled hub id
+(the sources of :mod:`specdec.core.model_source`); nothing here downloads."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -62,21 +62,14 @@ def parse_device(name: str | torch.device) -> torch.device:
 
 
 def _resolve(spec: str) -> tuple[str, str | None]:
-    """Return (folder or hub id, gguf file name or None) for a model spec."""
-    from specdec.core import packs
+    """Return (local folder, gguf file name or None) for a model spec (specdec.core.model_source)."""
+    from specdec.core.model_source import ModelSourceError, local_files
 
-    if spec in packs.PACKS:
-        return str(packs.resolve_pack(spec)), None
-    path = Path(spec).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return str(path.parent), path.name
-    if path.is_dir():
-        if not (path / "config.json").exists():
-            raise ModelLoadError(f"{spec}: folder has no config.json; is it a Hugging Face model folder?")
-        return str(path), None
-    if path.suffix == ".gguf" or spec.startswith((".", "/", "~")):
-        raise ModelLoadError(f"{spec}: no such file or folder")
-    return spec, None  # a hub id; works offline only if it is in the local HF cache
+    try:
+        folder, gguf_file = local_files(spec)
+    except ModelSourceError as exc:  # a worker reports it as FAILED_PRECONDITION (specdec.rpc.errors)
+        raise ModelLoadError(str(exc)) from exc
+    return str(folder), gguf_file
 
 
 def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> LoadedModel:
@@ -87,12 +80,12 @@ def load_model(spec: str, dtype: str | torch.dtype = "float32", device: str | to
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     log.info("loading %s (%s, %s)", spec, torch_dtype, torch_device)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=True, **kwargs)
     except OSError as exc:
         raise ModelLoadError(
             f"cannot load {spec!r}: {exc}. Use a model pack name (see `specdec models list`), "
-            "a local folder, or a .gguf file"
+            "a local folder, a .gguf file, or a pulled hub id ORG/NAME@REVISION"
         ) from exc
     model.to(torch_device).eval()
     return LoadedModel(spec, model, tokenizer, torch_dtype, torch_device)
@@ -104,6 +97,7 @@ def load_config(spec: str):
 
     source, gguf_file = _resolve(spec)
     try:
-        return AutoConfig.from_pretrained(source, **({"gguf_file": gguf_file} if gguf_file else {}))
+        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        return AutoConfig.from_pretrained(source, local_files_only=True, **kwargs)
     except OSError as exc:
         raise ModelLoadError(f"cannot read the config of {spec!r}: {exc}") from exc
