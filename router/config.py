@@ -28,7 +28,7 @@ from specdec.core.request_state import KPolicy
 from specdec.rpc.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, ConnectionLimits
 from specdec.rpc.worker_config import strict_from_dict
 
-__all__ = ["RouterConfig", "RebalanceConfig", "LEGACY_KEYS", "kpolicy_from_dict"]
+__all__ = ["RouterConfig", "RebalanceConfig", "LEGACY_KEYS", "kpolicy_from_dict", "move_legacy_keys"]
 
 # Keys of the ``rebalance`` section before it was split by decision, and where each lives now
 # (section, key): configurations that still write them keep working.
@@ -84,17 +84,35 @@ class RebalanceConfig:
 
     @classmethod
     def from_dict(cls, d: dict | RebalanceConfig | None) -> RebalanceConfig:
-        if isinstance(d, cls):
-            return d
-        d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(
-                f"router.rebalance: unknown keys {unknown} (known: {sorted(known)}; and, moved to their "
-                f"decision's section: {sorted(LEGACY_KEYS)})"
-            )
-        return cls(**d)
+        return d if isinstance(d, cls) else strict_from_dict(cls, d, "router.rebalance")
+
+
+def move_legacy_keys(d: dict[str, Any]) -> dict[str, Any]:
+    """A ``router`` section with the older keys (``rebalance``'s flat ones, :data:`LEGACY_KEYS`, and
+    the top-level ``auto_off_batch``) moved into their decision's section; one written under both
+    names is refused. The sections may be mappings or built sections."""
+    d = dict(d)
+    moves: list[tuple[str, str, str, Any]] = []
+    rebalance = d.get("rebalance")
+    if isinstance(rebalance, dict):
+        rebalance = dict(rebalance)
+        for old in [k for k in rebalance if k in LEGACY_KEYS]:
+            moves.append((f"router.rebalance.{old}", *LEGACY_KEYS[old], rebalance.pop(old)))
+        d["rebalance"] = rebalance
+    if d.get("auto_off_batch") is not None:
+        moves.append(("router.auto_off_batch", "speculation_off", "auto_off_batch", d["auto_off_batch"]))
+    d.pop("auto_off_batch", None)
+    for old, section, key, value in moves:
+        sec = d.get(section)
+        if sec is None or isinstance(sec, dict):
+            sec = dict(sec or {})
+            if key in sec:
+                raise ValueError(f"{old} and router.{section}.{key} are the same setting: write it once")
+            sec[key] = value
+        else:
+            sec = dataclasses.replace(sec, **{key: value})
+        d[section] = sec
+    return d
 
 
 def kpolicy_from_dict(d: dict | KPolicy | None) -> KPolicy:
@@ -102,7 +120,7 @@ def kpolicy_from_dict(d: dict | KPolicy | None) -> KPolicy:
         return KPolicy(k=4, adaptive=True, k_min=1, k_max=12)
     if isinstance(d, KPolicy):
         return d
-    return strict_from_dict(KPolicy, d, "k_policy")
+    return strict_from_dict(KPolicy, d, "router.k_policy")
 
 
 @dataclass
@@ -224,13 +242,11 @@ class RouterConfig:
 
     def __post_init__(self, auto_off_batch: int | None) -> None:
         self.k_policy = kpolicy_from_dict(self.k_policy)
-        if isinstance(self.rebalance, dict):
-            rebalance = dict(self.rebalance)
-            for old in [k for k in rebalance if k in LEGACY_KEYS]:
-                self._move(f"router.rebalance.{old}", *LEGACY_KEYS[old], rebalance.pop(old))
-            self.rebalance = rebalance
-        if auto_off_batch is not None:
-            self._move("router.auto_off_batch", "speculation_off", "auto_off_batch", auto_off_batch)
+        if isinstance(self.rebalance, dict) or auto_off_batch is not None:  # built directly, as tests do
+            sections = ("rebalance", *_SECTIONS)
+            moved = move_legacy_keys({s: getattr(self, s) for s in sections} | {"auto_off_batch": auto_off_batch})
+            for s in sections:
+                setattr(self, s, moved[s])
         self.rebalance = RebalanceConfig.from_dict(self.rebalance)
         for name, cls in _SECTIONS.items():
             setattr(self, name, cls.from_dict(getattr(self, name)))
@@ -266,26 +282,11 @@ class RouterConfig:
         if self.k_policy.k < 0 or self.k_policy.k_max < 0:
             raise ValueError("router.k_policy: k and k_max must be >= 0")
 
-    def _move(self, old: str, section: str, key: str, value: Any) -> None:
-        """Put an older key's ``value`` into its decision's section (refusing it written twice)."""
-        sec = getattr(self, section)
-        if isinstance(sec, dict) or sec is None:
-            sec = dict(sec or {})
-            if key in sec:
-                raise ValueError(f"{old} and router.{section}.{key} are the same setting: write it once")
-            sec[key] = value
-        else:
-            sec = dataclasses.replace(sec, **{key: value})
-        setattr(self, section, sec)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> RouterConfig:
-        d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)} | {"auto_off_batch"}  # an older key: init-only
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"router config: unknown keys {unknown} (known: {sorted(known)})")
-        return cls(**d)
+        """The ``router`` section through its typed model (:mod:`specdec.rpc.config_model`), after
+        the older keys are moved to their sections."""
+        return strict_from_dict(cls, move_legacy_keys(d or {}), "router")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

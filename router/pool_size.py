@@ -26,12 +26,12 @@ Replicas still launching count toward the size, so a slow node launch never doub
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from router.views import DrafterView, TargetView
+from specdec.rpc.worker_config import strict_from_dict
 
 __all__ = [
     "PoolLimits",
@@ -113,13 +113,7 @@ class PoolSizeConfig:
 
     @classmethod
     def from_dict(cls, d: dict | PoolSizeConfig | None) -> PoolSizeConfig:
-        if isinstance(d, PoolSizeConfig):
-            return d
-        d = dict(d or {})
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"router.scaling: unknown keys {unknown}")
-        return cls(**d)
+        return d if isinstance(d, PoolSizeConfig) else strict_from_dict(cls, d, "router.scaling")
 
 
 @dataclass(frozen=True)

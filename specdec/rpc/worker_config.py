@@ -1,5 +1,6 @@
 """What a draft or target worker is configured with, and the strict dict -> dataclass rule every
-config section follows (unknown keys are refused, naming the section)."""
+config section follows (:mod:`specdec.rpc.config_model`: unknown keys and wrong types are refused,
+naming their path)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.core.dtypes import DTYPE_NAMES
+from specdec.rpc.config_model import validate
 from specdec.rpc.telemetry import TelemetryConfig
 
 __all__ = ["WorkerConfig", "strict_from_dict", "NODE_HOST"]
@@ -16,13 +18,10 @@ NODE_HOST = "node"  # a worker's host: the node's own address (Ray's node IP)
 
 
 def strict_from_dict(cls, d: dict[str, Any] | None, section: str):
-    """Build dataclass `cls` from `d`, refusing unknown keys with a message naming the section."""
-    d = dict(d or {})
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ValueError(f"{section}: unknown keys {unknown} (known: {sorted(known)})")
-    return cls(**d)
+    """Build dataclass `cls` from `d` through its typed model; a
+    :class:`specdec.rpc.config_model.ConfigError` (a ValueError) lists every problem, paths
+    starting with `section`."""
+    return validate(cls, d, section)
 
 
 @dataclass
@@ -69,8 +68,9 @@ class WorkerConfig:
     max_k: int = 16
 
     def __post_init__(self) -> None:
+        # "key: why": a config error puts the section's path before it (target.dtype: ...)
         def bad(key: str, why: str) -> ValueError:
-            return ValueError(f"worker config {key!r}: {why}")
+            return ValueError(f"{key}: {why}")
 
         if not isinstance(self.model, str) or not self.model:
             raise bad("model", "must be a non-empty string (pack name, folder, .gguf file, hub id or 'ngram')")
@@ -100,9 +100,7 @@ class WorkerConfig:
     def from_dict(cls, config: dict | WorkerConfig) -> WorkerConfig:
         if isinstance(config, WorkerConfig):
             return config
-        if "model" not in config:
-            raise ValueError("worker config: 'model' is required")
-        return strict_from_dict(cls, config, "worker config")
+        return strict_from_dict(cls, config, "worker")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
