@@ -189,6 +189,9 @@ class ServeConfig:
         d = copy.deepcopy(d or {})
         if not isinstance(d, dict):
             raise ConfigError([f"config: expected a mapping, got {type(d).__name__}"])
+        for key in ("router", "ray", "security"):  # an empty section (`ray:` alone in YAML) is null
+            if key in d and d[key] is None:
+                del d[key]
         target = d.get("target")
         if target is None or isinstance(target, dict):
             d["target"] = target = {"model": DEFAULT_TARGET_MODEL} | (target or {})

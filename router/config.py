@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import InitVar, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from router.draft_depth import DraftDepthConfig
 from router.drafter_choice import DrafterChoiceConfig
@@ -74,6 +74,9 @@ class RebalanceConfig:
     The section's older keys (``move_margin``, ``spec_off_margin``, ...) are still accepted: the
     router config moves each into its decision's section (:data:`LEGACY_KEYS`).
     """
+
+    # suggested for a typo'd older key (specdec.rpc.config_model); the keys themselves: move_legacy_keys
+    __moved_keys__: ClassVar[dict[str, str]] = {old: f"router.{sec}.{key}" for old, (sec, key) in LEGACY_KEYS.items()}
 
     enabled: bool = True
     period_s: float = 1.0
@@ -233,6 +236,8 @@ class RouterConfig:
     max_connection_idle_s: float | None = 600.0
     max_connection_age_s: float | None = 3600.0
     max_connection_age_grace_s: float | None = 600.0
+
+    __moved_keys__: ClassVar[dict[str, str]] = {"auto_off_batch": "router.speculation_off.auto_off_batch"}
 
     @property
     def pipelined(self) -> bool:

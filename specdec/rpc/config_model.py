@@ -98,9 +98,10 @@ def _keys(cls: type) -> list[str]:
     return [k for k, tp in hints.items() if not k.startswith("_") and typing.get_origin(tp) is not typing.ClassVar]
 
 
-def _walk(cls: type, loc: tuple) -> tuple[list[str], list[str]]:
-    """(the path as the file writes it, the keys known where it ends) for a pydantic error ``loc``
-    below ``cls`` (flat fields left out of the path, their keys counted as the parent's)."""
+def _walk(cls: type, loc: tuple) -> tuple[list[str], list[str], type | None]:
+    """(the path as the file writes it, the keys known where it ends, the dataclass there) for a
+    pydantic error ``loc`` below ``cls`` (flat fields left out of the path, their keys counted as
+    the parent's)."""
     path: list[str] = []
     known: list[str] = _keys(cls)
     current: type | None = cls
@@ -117,7 +118,7 @@ def _walk(cls: type, loc: tuple) -> tuple[list[str], list[str]]:
         else:
             known = _keys(nxt) if nxt is not None else []
         current = nxt
-    return path, known
+    return path, known, current
 
 
 def _shown(value: Any) -> str:
@@ -139,15 +140,23 @@ _EXPECTED = {
 _BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
 
 
+def _unknown(where: str, key: str, known: list[str], section: type | None) -> str:
+    """An unknown key's line, with the closest known key; keys a section moved elsewhere
+    (``__moved_keys__``, RebalanceConfig's older ones) are suggested where they live now."""
+    moved = dict(getattr(section, "__moved_keys__", {}))
+    close = difflib.get_close_matches(key, [*known, *moved], n=1, cutoff=0.6)
+    if not close:
+        return f"{where}: unknown key"
+    return f'{where}: unknown key; did you mean "{moved.get(close[0], close[0])}"?'
+
+
 def _problem(cls: type, root: list[str], err: dict) -> str:
     loc = tuple(err["loc"])[1:]  # [0] is the wrapper's field
-    path, known = _walk(cls, loc[:-1]) if err["type"] == "unexpected_keyword_argument" else _walk(cls, loc)
     kind, value = err["type"], err.get("input")
     if kind == "unexpected_keyword_argument":
-        key = str(loc[-1])
-        where = ".".join([*root, *path, key])
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        return f'{where}: unknown key; did you mean "{close[0]}"?' if close else f"{where}: unknown key"
+        path, known, section = _walk(cls, loc[:-1])
+        return _unknown(".".join([*root, *path, str(loc[-1])]), str(loc[-1]), known, section)
+    path, known, _ = _walk(cls, loc)
     where = ".".join([*root, *path]) or "config"
     base = kind.removesuffix("_type").removesuffix("_parsing").removesuffix("_from_float")
     if base in _EXPECTED:
