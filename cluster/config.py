@@ -311,9 +311,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except OSError as exc:
-        raise ConfigError([f"cannot read it: {exc.strerror}"], f"config {path}") from None
+        raise ConfigError([f"cannot read config {path}: {exc.strerror}"]) from None
     except yaml.YAMLError as exc:
-        raise ConfigError([f"not valid YAML: {exc}"], f"config {path}") from None
+        raise ConfigError([f"config {path} is not valid YAML: {exc}"]) from None
     if not isinstance(raw, dict):
         raise ConfigError([f"expected a mapping at the top level, got {type(raw).__name__}"], f"config {path}")
     return raw
