@@ -14,6 +14,11 @@ and the custom resources ``draft_gpu`` / ``target_gpu`` sized for the pools); "a
 running cluster (``ray up`` / ``ray start``). Worker keys other than replicas / placement / name /
 tokenizer / tensor_parallel / tp_timeout_s go to :class:`specdec.rpc.worker_config.WorkerConfig`.
 
+:class:`ServeConfig` is the one typed model of a file: pydantic validates the mapping against these
+dataclasses (specdec/rpc/config_model.py). A file names only what differs from the model's
+defaults; unknown keys and wrong types are refused with their path, every problem at once
+(tests/unit/test_config_model.py). ``specdec config schema`` prints its JSON Schema.
+
 Torch-free and Ray-free: the CLI parses and validates a config before starting anything.
 """
 
@@ -29,7 +34,7 @@ from typing import Annotated, Any, ClassVar
 import yaml
 from pydantic import Field
 
-from router.config import RouterConfig, move_legacy_keys
+from router.config import RebalanceConfig, RouterConfig, move_legacy_keys
 from specdec.rpc.api_security import SecurityConfig
 from specdec.rpc.config_model import ConfigError, json_schema, validate
 from specdec.rpc.worker_config import WorkerConfig, strict_from_dict
@@ -238,7 +243,12 @@ def schema() -> dict[str, Any]:
     pool["properties"]["max_k"]["description"] = "null (the default): router.k_policy.k_max"
     pool["properties"]["max_k"]["anyOf"] = [{"type": "integer", "minimum": 1}, {"type": "null"}]
     pool["properties"]["max_k"].pop("type", None)
-    pool.pop("required", None)  # target.model defaults to DEFAULT_TARGET_MODEL; a draft's is checked by the model
+    pool.pop("required", None)  # target.model: DEFAULT_TARGET_MODEL; a draft without one: no draft pool
+    # the older keys still read (router.config.move_legacy_keys), flagged for editors
+    for section in (RebalanceConfig, RouterConfig):
+        props = out["$defs"][section.__name__]["properties"]
+        for key, now in section.__moved_keys__.items():
+            props[key] = {"deprecated": True, "description": f"older name of {now}"}
     return out
 
 
