@@ -200,3 +200,10 @@ def test_the_shipped_configs_pass_the_schema_and_a_typo_fails(printed_schema):
             assert list(validator.iter_errors(broken)), path
     older = {"router": {"rebalance": {"move_margin": 2.0}, "auto_off_batch": 3}, "target": {"threads": "auto"}}
     assert not list(validator.iter_errors(older))  # still read: in the schema, marked deprecated
+
+
+def test_a_printed_config_reads_back_as_the_same(tmp_path):
+    """`specdec serve --print-config` writes every key: the model reads it back unchanged."""
+    for path in CONFIGS:
+        cfg = load_config(path)
+        assert _load(tmp_path, yaml.safe_dump(cfg.to_dict())) == cfg, path
