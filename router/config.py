@@ -112,8 +112,10 @@ def move_legacy_keys(d: dict[str, Any]) -> dict[str, Any]:
             if key in sec:
                 raise ValueError(f"{old} and router.{section}.{key} are the same setting: write it once")
             sec[key] = value
-        else:
+        elif dataclasses.is_dataclass(sec):
             sec = dataclasses.replace(sec, **{key: value})
+        else:
+            continue  # not a section at all: the model says so
         d[section] = sec
     return d
 
