@@ -20,12 +20,16 @@ import dataclasses
 import difflib
 import functools
 import json
+import types
 import typing
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
-__all__ = ["ConfigError", "validate", "json_schema"]
+__all__ = ["ConfigError", "Port", "Fraction", "validate", "check_fields", "json_schema"]
+
+Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]  # a share, a utilization
 
 _FORBID = {"extra": "forbid"}  # pydantic's ConfigDict, inherited by every nested dataclass
 
@@ -74,6 +78,33 @@ def validate(cls: type, data: Any, where: str = "") -> Any:
     except ValidationError as exc:
         root = [p for p in where.split(".") if p]
         raise ConfigError([_problem(cls, root, err) for err in exc.errors()]) from None
+
+
+def check_fields(obj: Any, where: str = "") -> None:
+    """The constraints a dataclass's annotations declare (``PositiveInt``, ``Literal[...]``), checked
+    on an instance built directly (``RouterConfig(max_queue=0)``), as the model checks a file's: a
+    class calls it from ``__post_init__``, so each rule is written once, in its field's type."""
+    problems = []
+    for name, adapter in _constrained_fields(type(obj)):
+        try:
+            adapter.validate_python(getattr(obj, name), strict=True)
+        except ValidationError as exc:
+            problems += [_line(f"{where}.{name}" if where else name, err, []) for err in exc.errors()]
+    if problems:
+        raise ConfigError(problems)
+
+
+@functools.cache
+def _constrained_fields(cls: type) -> tuple[tuple[str, TypeAdapter], ...]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple((f.name, TypeAdapter(hints[f.name])) for f in dataclasses.fields(cls) if _constrained(hints[f.name]))
+
+
+def _constrained(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Annotated, typing.Literal):
+        return True
+    return origin in (typing.Union, types.UnionType) and any(_constrained(a) for a in typing.get_args(tp))
 
 
 # --------------------------------------------------------------------------- error lines
@@ -152,12 +183,16 @@ def _unknown(where: str, key: str, known: list[str], section: type | None) -> st
 
 def _problem(cls: type, root: list[str], err: dict) -> str:
     loc = tuple(err["loc"])[1:]  # [0] is the wrapper's field
-    kind, value = err["type"], err.get("input")
-    if kind == "unexpected_keyword_argument":
+    if err["type"] == "unexpected_keyword_argument":
         path, known, section = _walk(cls, loc[:-1])
         return _unknown(".".join([*root, *path, str(loc[-1])]), str(loc[-1]), known, section)
     path, known, _ = _walk(cls, loc)
-    where = ".".join([*root, *path]) or "config"
+    return _line(".".join([*root, *path]) or "config", err, known)
+
+
+def _line(where: str, err: dict, known: list[str]) -> str:
+    """One problem of the value at ``where`` (``known``: the keys of the section it is)."""
+    kind, value = err["type"], err.get("input")
     base = kind.removesuffix("_type").removesuffix("_parsing").removesuffix("_from_float")
     if base in _EXPECTED:
         return f"{where}: expected {_EXPECTED[base]}, got {_shown(value)}"
@@ -166,6 +201,10 @@ def _problem(cls: type, root: list[str], err: dict) -> str:
     if kind in _BOUNDS:
         bound = next(iter(err.get("ctx", {}).values()), "?")
         return f"{where}: must be {_BOUNDS[kind]} {bound}, got {_shown(value)}"
+    if kind == "string_too_short":
+        return f"{where}: must not be empty"
+    if kind == "literal_error":
+        return f"{where}: must be one of {err.get('ctx', {}).get('expected', '?')}, got {_shown(value)}"
     if kind == "value_error":
         msg = str(err["msg"]).removeprefix("Value error, ")
         head = msg.split(":", 1)[0]
