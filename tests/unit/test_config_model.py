@@ -26,6 +26,7 @@ from cluster.config import DEFAULT_TARGET_MODEL, ConfigError, load_config, schem
 from router.config import RouterConfig
 from specdec.cli.exit_codes import OK, USAGE
 from specdec.cli.main import main
+from specdec.rpc.worker_config import WorkerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -117,6 +118,17 @@ def test_every_problem_is_listed_at_once(tmp_path):
     assert all(f"  - {p}" in str(err.value) for p in problems)
 
 
+def test_a_config_built_directly_follows_the_same_rules():
+    """The rules are the fields' types: a section built in code is held to them too."""
+    with pytest.raises(ConfigError, match=r"router.max_queue: must be > 0, got 0"):
+        RouterConfig(max_queue=0)
+    with pytest.raises(ConfigError, match="router.default_mode: must be one of 'draft', 'ngram' or 'off'"):
+        RouterConfig(default_mode="fast")
+    with pytest.raises(ConfigError, match="port: must be <= 65535"):
+        WorkerConfig(model="m", port=70000)
+    assert RouterConfig(max_queue=1, default_mode="off").max_queue == 1
+
+
 def test_rules_across_sections_still_hold(tmp_path):
     (line,) = _problems(tmp_path, "target: {model: m, max_k: 4}\nrouter: {k_policy: {k: 3, k_max: 9}}\n")
     assert "target.max_k (4) is below router.k_policy.k_max (9)" in line
@@ -195,6 +207,8 @@ def test_the_shipped_configs_pass_the_schema_and_a_typo_fails(printed_schema):
         for broken in (
             {**raw, "router": {**raw["router"], "max_queu": 3}},
             {**raw, "target": {**raw["target"], "replicas": "two"}},
+            {**raw, "target": {**raw["target"], "replicas": 0}},
+            {**raw, "router": {**raw["router"], "default_mode": "fast"}},
             {**raw, "router": {**raw["router"], "draft_depth": {"smaples": 2}}},
         ):
             assert list(validator.iter_errors(broken)), path
