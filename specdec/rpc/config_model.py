@@ -4,8 +4,10 @@ validates a YAML/JSON mapping against it, collecting every problem with its path
 * Unknown keys are refused (``router.draft_depth.smaples: unknown key; did you mean "samples"?``).
 * Types are strict, as in JSON: ``"2"`` or ``true`` is not an integer, ``1.5`` is not one either;
   an integer is a number.
-* Each class's own rules (ranges, keys that go together: its ``__post_init__``) run as part of the
-  same validation, so one :class:`ConfigError` lists every section's problems, not only the first.
+* A value's rules are its field's type (``PositiveInt``, :data:`Fraction`, ``Literal[...]``): the
+  JSON schema shows them, and :func:`check_fields` holds a section built in code to them too. Rules
+  across keys (``min_ngram <= max_ngram``) stay in a class's ``__post_init__``, which runs inside
+  the same validation: one :class:`ConfigError` lists every section's problems, not only the first.
 
 The classes stay plain dataclasses (the code reads their attributes and tests construct them
 directly); pydantic only reads them here. A dataclass may keep some of its fields flat in the file:
