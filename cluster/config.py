@@ -14,6 +14,11 @@ and the custom resources ``draft_gpu`` / ``target_gpu`` sized for the pools); "a
 running cluster (``ray up`` / ``ray start``). Worker keys other than replicas / placement / name /
 tokenizer / tensor_parallel / tp_timeout_s go to :class:`specdec.rpc.worker_config.WorkerConfig`.
 
+:class:`ServeConfig` is the one typed model of a file: pydantic validates the mapping against these
+dataclasses (specdec/rpc/config_model.py). A file names only what differs from the model's
+defaults; unknown keys and wrong types are refused with their path, every problem at once
+(tests/unit/test_config_model.py). ``specdec config schema`` prints its JSON Schema.
+
 Torch-free and Ray-free: the CLI parses and validates a config before starting anything.
 """
 
@@ -24,17 +29,31 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import yaml
+from pydantic import Field
 
-from router.config import RouterConfig
+from router.config import RebalanceConfig, RouterConfig, move_legacy_keys
 from specdec.rpc.api_security import SecurityConfig
+from specdec.rpc.config_model import ConfigError, json_schema, validate
 from specdec.rpc.worker_config import WorkerConfig, strict_from_dict
 
-__all__ = ["PoolConfig", "RayConfig", "ServeConfig", "load_config", "DEFAULT_CONFIG", "default_threads"]
+__all__ = [
+    "PoolConfig",
+    "RayConfig",
+    "ServeConfig",
+    "ConfigError",
+    "load_config",
+    "read_config",
+    "schema",
+    "DEFAULT_CONFIG",
+    "DEFAULT_TARGET_MODEL",
+    "default_threads",
+]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+DEFAULT_TARGET_MODEL = "qwen2.5-coder-1.5b-instruct"  # the target of configs/default.yaml
 
 # Target keys a draft pool made from the target section (``--draft`` without one) does not copy.
 _DRAFT_SKIPS = ("name", "tokenizer", "placement", "threads", "replicas", "tensor_parallel", "tp_timeout_s")
@@ -64,15 +83,20 @@ def default_threads(role: str, cores: int | None = None, pipelined: bool = False
 
 @dataclass
 class PoolConfig:
+    """A target or draft pool. In the file its worker's keys sit beside the pool's own
+    (``__flat_field__``: specdec.rpc.config_model)."""
+
+    __flat_field__: ClassVar[str] = "worker"
+
     worker: WorkerConfig
-    replicas: int = 1
+    replicas: Annotated[int, Field(ge=1)] = 1
     placement: dict | None = None
     name: str | None = None  # the model name clients use (default: worker.model)
     tokenizer: str | None = None  # target only: a local tokenizer.json folder (default: the worker sends it)
     # Target only: ranks per worker (one placement-group bundle each, all on one node); they split
     # the worker's threads. A collective waiting longer than tp_timeout_s restarts the group.
-    tensor_parallel: int = 1
-    tp_timeout_s: float = 60.0
+    tensor_parallel: Annotated[int, Field(ge=1)] = 1
+    tp_timeout_s: Annotated[float, Field(gt=0)] = 60.0
 
     @property
     def model_name(self) -> str:
@@ -85,38 +109,21 @@ class PoolConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], role: str, pipelined: bool = False) -> PoolConfig:
-        d = dict(d)
-        pool = {k: d.pop(k) for k in list(d) if k in _POOL_KEYS}
-        if "model" not in d:
-            raise ValueError(f"{role}: 'model' is required")
-        if d.get("threads") in (None, "auto"):
-            d["threads"] = default_threads(role, pipelined=pipelined)
-        try:
-            worker = WorkerConfig.from_dict(d)
-        except ValueError as exc:
-            raise ValueError(f"{role}: {exc}") from None
-        replicas = pool.get("replicas", 1)
-        if not isinstance(replicas, int) or replicas < 1:
-            raise ValueError(f"{role}.replicas must be an integer >= 1 (got {replicas!r})")
-        if role == "target" and worker.model.lower() == "ngram":
+        pool = validate(cls, _nested(d), role)
+        pool.check_role(role)
+        pool.fill_threads(role, pipelined)
+        return pool
+
+    def check_role(self, role: str) -> None:
+        if role == "target" and self.worker.model.lower() == "ngram":
             raise ValueError("target.model: a target needs a model, not 'ngram'")
-        tp = pool.get("tensor_parallel", 1)
-        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-            raise ValueError(f"{role}.tensor_parallel must be an integer >= 1 (got {tp!r})")
-        if role != "target" and tp != 1:
+        if role != "target" and self.tensor_parallel != 1:
             raise ValueError(f"{role}.tensor_parallel: only the target pool is tensor-parallel (drafters run at 1)")
-        timeout = pool.get("tp_timeout_s", 60.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ValueError(f"{role}.tp_timeout_s must be a number of seconds > 0 (got {timeout!r})")
-        return cls(
-            worker=worker,
-            replicas=replicas,
-            placement=pool.get("placement"),
-            name=pool.get("name"),
-            tokenizer=pool.get("tokenizer"),
-            tensor_parallel=tp,
-            tp_timeout_s=float(timeout),
-        )
+
+    def fill_threads(self, role: str, pipelined: bool) -> None:
+        """``threads`` left unset (or "auto"): :func:`default_threads` for the router's mode."""
+        if self.worker.threads is None:
+            self.worker.threads = default_threads(role, pipelined=pipelined)
 
     def to_dict(self) -> dict[str, Any]:
         out = self.worker.to_dict()
@@ -124,6 +131,15 @@ class PoolConfig:
         if self.tensor_parallel != 1:
             out.update(tensor_parallel=self.tensor_parallel, tp_timeout_s=self.tp_timeout_s)
         return out
+
+
+def _nested(section: dict[str, Any]) -> dict[str, Any]:
+    """A pool section as the file writes it (worker keys beside the pool's) -> PoolConfig's shape."""
+    d = dict(section)
+    if d.get("threads") == "auto":
+        d["threads"] = None
+    pool = {k: d.pop(k) for k in list(d) if k in _POOL_KEYS}
+    return {**pool, "worker": d}
 
 
 @dataclass
@@ -145,43 +161,58 @@ class RayConfig:
 
 @dataclass
 class ServeConfig:
-    target: PoolConfig
-    draft: PoolConfig | None
+    """The whole serve configuration: the typed model every config file is validated against
+    (``specdec config check``; ``specdec config schema`` prints its JSON Schema)."""
+
+    target: PoolConfig = field(default_factory=lambda: PoolConfig(WorkerConfig(DEFAULT_TARGET_MODEL)))
+    draft: PoolConfig | None = None
     router: RouterConfig = field(default_factory=RouterConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ServeConfig:
-        d = copy.deepcopy(d or {})
-        unknown = sorted(set(d) - {"target", "draft", "router", "ray", "security"})
-        if unknown:
-            raise ValueError(f"config: unknown sections {unknown} (known: ray, target, draft, router, security)")
-        if not d.get("target"):
-            raise ValueError("config: a 'target' section with a model is required")
-        router = RouterConfig.from_dict(d.get("router") or {})
-        pipelined = router.pipelined
-        draft_d = d.get("draft")
-        has_draft = bool(draft_d) and str(draft_d.get("model", "")).lower() not in ("", "none", "off")
-        for section in [d["target"]] + ([draft_d] if has_draft else []):
-            # the workers refuse drafts longer than any the router asks for
-            if section.get("max_k") is None:
-                section["max_k"] = router.k_policy.k_max
-        target = PoolConfig.from_dict(d["target"], "target", pipelined)
-        draft = PoolConfig.from_dict(draft_d, "draft", pipelined) if has_draft else None
-        for role, pool in (("target", target), ("draft", draft)):
-            if pool is not None and pool.worker.max_k < router.k_policy.k_max:
+    def __post_init__(self) -> None:
+        """The rules across sections (they run inside the model's validation, after each section's own)."""
+        self.target.check_role("target")
+        if self.draft is not None:
+            self.draft.check_role("draft")
+        k_max = self.router.k_policy.k_max
+        for role, pool in (("target", self.target), ("draft", self.draft)):
+            if pool is None:
+                continue
+            pool.fill_threads(role, self.router.pipelined)
+            if pool.worker.max_k < k_max:
                 raise ValueError(
-                    f"{role}.max_k ({pool.worker.max_k}) is below router.k_policy.k_max ({router.k_policy.k_max}): "
+                    f"{role}.max_k ({pool.worker.max_k}) is below router.k_policy.k_max ({k_max}): "
                     "the workers would refuse the router's own drafts"
                 )
-        return cls(
-            target=target,
-            draft=draft,
-            router=router,
-            ray=RayConfig.from_dict(d.get("ray")),
-            security=SecurityConfig.from_dict(d.get("security")),
-        )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> ServeConfig:
+        """A config file's mapping through the model: keys it leaves out take the model's defaults
+        (``target.model``: :data:`DEFAULT_TARGET_MODEL`; no ``draft``: no draft pool); every problem
+        is reported at once (a :class:`specdec.rpc.config_model.ConfigError`)."""
+        d = copy.deepcopy(d or {})
+        if not isinstance(d, dict):
+            raise ConfigError([f"config: expected a mapping, got {type(d).__name__}"])
+        for key in ("router", "ray", "security"):  # an empty section (`ray:` alone in YAML) is null
+            if key in d and d[key] is None:
+                del d[key]
+        target = d.get("target")
+        if target is None or isinstance(target, dict):
+            d["target"] = target = {"model": DEFAULT_TARGET_MODEL} | (target or {})
+        draft = d.get("draft")
+        if isinstance(draft, dict) and str(draft.get("model", "")).lower() in ("", "none", "off"):
+            d["draft"] = draft = None  # `model: none` is the same as `draft: null`
+        k_max = _k_max(d.get("router"))
+        for key in ("target", "draft"):
+            section = d.get(key)
+            if isinstance(section, dict):
+                if section.get("max_k") is None:  # the workers refuse drafts longer than any the router asks for
+                    section["max_k"] = k_max
+                d[key] = _nested(section)
+        if isinstance(d.get("router"), dict):
+            d["router"] = move_legacy_keys(d["router"])
+        return validate(cls, d)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -191,6 +222,34 @@ class ServeConfig:
             "router": self.router.to_dict() | {"k_policy": dataclasses.asdict(self.router.k_policy)},
             "security": self.security.to_dict(),
         }
+
+
+def _k_max(router: Any) -> int:
+    """The router's ``k_policy.k_max`` as written, else its default (a wrong one is reported by the model)."""
+    k_policy = router.get("k_policy") if isinstance(router, dict) else None
+    k_max = k_policy.get("k_max") if isinstance(k_policy, dict) else None
+    return k_max if isinstance(k_max, int) and not isinstance(k_max, bool) else RouterConfig().k_policy.k_max
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of a serve config file (for editors and ``specdec config check``)."""
+    out = json_schema(ServeConfig, "specdec serve configuration")
+    pool = out["$defs"]["PoolConfig"]
+    pool["properties"]["threads"] = {
+        "anyOf": [{"type": "integer", "minimum": 1}, {"const": "auto"}, {"type": "null"}],
+        "default": None,
+        "description": "torch threads per worker; null or auto: cluster.config.default_threads",
+    }
+    pool["properties"]["max_k"]["description"] = "null (the default): router.k_policy.k_max"
+    pool["properties"]["max_k"]["anyOf"] = [{"type": "integer", "minimum": 1}, {"type": "null"}]
+    pool["properties"]["max_k"].pop("type", None)
+    pool.pop("required", None)  # target.model: DEFAULT_TARGET_MODEL; a draft without one: no draft pool
+    # the older keys still read (router.config.move_legacy_keys), flagged for editors
+    for section in (RebalanceConfig, RouterConfig):
+        props = out["$defs"][section.__name__]["properties"]
+        for key, now in section.__moved_keys__.items():
+            props[key] = {"deprecated": True, "description": f"older name of {now}"}
+    return out
 
 
 def _set_model(section: dict, model: str) -> None:
@@ -212,22 +271,17 @@ def load_config(
     tensor_parallel: int | None = None,
     security: dict[str, Any] | None = None,
 ) -> ServeConfig:
-    """Read the YAML (default ``configs/default.yaml``) and apply command-line overrides.
+    """Read the YAML (default ``configs/default.yaml``) and apply command-line overrides. What the
+    file leaves out takes the model's defaults (:meth:`ServeConfig.from_dict`); a
+    :class:`ConfigError` names the file and lists every problem.
 
     ``draft`` "none" removes the draft pool (the router can still draft with n-grams); ``dtype``
     applies to both pools; ``address`` sets ``ray.address``; ``tensor_parallel`` the target's ranks;
     ``security`` keys replace the section's.
     """
     path = Path(path) if path is not None else DEFAULT_CONFIG
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ValueError(f"cannot read config {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"config {path} is not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"config {path}: expected a mapping at the top level")
-    raw.setdefault("target", {})
+    raw = read_config(path)
+    raw["target"] = raw.get("target") or {}
     raw.setdefault("router", {})
     raw.setdefault("ray", {})
     if target is not None:
@@ -255,4 +309,21 @@ def load_config(
         raw["ray"]["address"] = None if address in ("", "local", "embedded") else address
     if security:
         raw["security"] = {**(raw.get("security") or {}), **security}
-    return ServeConfig.from_dict(raw)
+    try:
+        return ServeConfig.from_dict(raw)
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, f"config {path}") from None
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A config file's mapping (YAML; JSON is YAML too), before the model reads it."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError([f"cannot read config {path}: {exc.strerror}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"config {path} is not valid YAML: {exc}"]) from None
+    if not isinstance(raw, dict):
+        raise ConfigError([f"expected a mapping at the top level, got {type(raw).__name__}"], f"config {path}")
+    return raw

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import InitVar, dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, StrictBool, StrictInt
 
 from router.draft_depth import DraftDepthConfig
 from router.drafter_choice import DrafterChoiceConfig
@@ -25,10 +27,11 @@ from router.speculation_off import SpeculationOffConfig
 from router.target_choice import TargetChoiceConfig
 from specdec.core.prefill_plan import DEFAULT_BUDGET, DEFAULT_CHUNK
 from specdec.core.request_state import KPolicy
+from specdec.rpc.config_model import Port, check_fields
 from specdec.rpc.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, ConnectionLimits
 from specdec.rpc.worker_config import strict_from_dict
 
-__all__ = ["RouterConfig", "RebalanceConfig", "LEGACY_KEYS", "kpolicy_from_dict"]
+__all__ = ["RouterConfig", "RebalanceConfig", "LEGACY_KEYS", "kpolicy_from_dict", "move_legacy_keys"]
 
 # Keys of the ``rebalance`` section before it was split by decision, and where each lives now
 # (section, key): configurations that still write them keep working.
@@ -75,26 +78,48 @@ class RebalanceConfig:
     router config moves each into its decision's section (:data:`LEGACY_KEYS`).
     """
 
-    enabled: bool = True
-    period_s: float = 1.0
+    # suggested for a typo'd older key (specdec.rpc.config_model); the keys themselves: move_legacy_keys
+    __moved_keys__: ClassVar[dict[str, str]] = {old: f"router.{sec}.{key}" for old, (sec, key) in LEGACY_KEYS.items()}
+
+    enabled: StrictBool = True
+    period_s: PositiveFloat = 1.0
 
     def __post_init__(self) -> None:
-        if not float(self.period_s) > 0:
-            raise ValueError("router.rebalance.period_s must be > 0")
+        check_fields(self, "router.rebalance")
 
     @classmethod
     def from_dict(cls, d: dict | RebalanceConfig | None) -> RebalanceConfig:
-        if isinstance(d, cls):
-            return d
-        d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(
-                f"router.rebalance: unknown keys {unknown} (known: {sorted(known)}; and, moved to their "
-                f"decision's section: {sorted(LEGACY_KEYS)})"
-            )
-        return cls(**d)
+        return d if isinstance(d, cls) else strict_from_dict(cls, d, "router.rebalance")
+
+
+def move_legacy_keys(d: dict[str, Any]) -> dict[str, Any]:
+    """A ``router`` section with the older keys (``rebalance``'s flat ones, :data:`LEGACY_KEYS`, and
+    the top-level ``auto_off_batch``) moved into their decision's section; one written under both
+    names is refused. The sections may be mappings or built sections."""
+    d = dict(d)
+    moves: list[tuple[str, str, str, Any]] = []
+    rebalance = d.get("rebalance")
+    if isinstance(rebalance, dict):
+        rebalance = dict(rebalance)
+        for old in [k for k in rebalance if k in LEGACY_KEYS]:
+            moves.append((f"router.rebalance.{old}", *LEGACY_KEYS[old], rebalance.pop(old)))
+        d["rebalance"] = rebalance
+    if d.get("auto_off_batch") is not None:
+        moves.append(("router.auto_off_batch", "speculation_off", "auto_off_batch", d["auto_off_batch"]))
+    d.pop("auto_off_batch", None)
+    for old, section, key, value in moves:
+        sec = d.get(section)
+        if sec is None or isinstance(sec, dict):
+            sec = dict(sec or {})
+            if key in sec:
+                raise ValueError(f"{old} and router.{section}.{key} are the same setting: write it once")
+            sec[key] = value
+        elif dataclasses.is_dataclass(sec):
+            sec = dataclasses.replace(sec, **{key: value})
+        else:
+            continue  # not a section at all: the model says so
+        d[section] = sec
+    return d
 
 
 def kpolicy_from_dict(d: dict | KPolicy | None) -> KPolicy:
@@ -102,7 +127,7 @@ def kpolicy_from_dict(d: dict | KPolicy | None) -> KPolicy:
         return KPolicy(k=4, adaptive=True, k_min=1, k_max=12)
     if isinstance(d, KPolicy):
         return d
-    return strict_from_dict(KPolicy, d, "k_policy")
+    return strict_from_dict(KPolicy, d, "router.k_policy")
 
 
 @dataclass
@@ -176,45 +201,48 @@ class RouterConfig:
     """
 
     host: str = "127.0.0.1"
-    port: int = 50051
+    port: Port = 50051
     metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = 9400
-    http_port: int | None = 8000
-    max_queue: int = 64
-    max_batch: int = 0
-    default_max_tokens: int = 256
-    max_prompt_bytes: int = 0
+    metrics_port: Port | None = 9400
+    http_port: Port | None = 8000
+    max_queue: PositiveInt = 64
+    max_batch: NonNegativeInt = 0
+    default_max_tokens: PositiveInt = 256
+    max_prompt_bytes: NonNegativeInt = 0
     k_policy: KPolicy = field(default_factory=lambda: KPolicy(k=4, adaptive=True, k_min=1, k_max=12))
-    default_mode: str = "draft"
+    default_mode: Literal["draft", "ngram", "off"] = "draft"
     auto_off_batch: InitVar[int | None] = None
-    micro_batches: int = 2
-    split_min_batch: int = 4
-    predraft: bool = False
-    draft_deadline_s: float = 5.0
-    draft_deadline_factor: float = 2.0
-    draft_deadline_min_s: float = 0.05
-    max_batched_tokens: int = DEFAULT_BUDGET
-    prefill_chunk: int = DEFAULT_CHUNK
-    rpc_timeout_s: float = 120.0
-    recovery_timeout_s: float = 300.0
-    ngram_max: int = 3
-    ngram_min: int = 1
-    grace_s: float = 5.0
+    micro_batches: PositiveInt = 2
+    split_min_batch: PositiveInt = 4
+    predraft: StrictBool = False
+    draft_deadline_s: PositiveFloat = 5.0
+    draft_deadline_factor: NonNegativeFloat = 2.0  # 0 = a fixed deadline
+    draft_deadline_min_s: PositiveFloat = 0.05
+    max_batched_tokens: StrictInt = DEFAULT_BUDGET
+    prefill_chunk: PositiveInt = DEFAULT_CHUNK
+    rpc_timeout_s: PositiveFloat = 120.0
+    recovery_timeout_s: PositiveFloat = 300.0
+    ngram_max: PositiveInt = 3
+    ngram_min: PositiveInt = 1
+    grace_s: NonNegativeFloat = 5.0
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
     drafter_choice: DrafterChoiceConfig = field(default_factory=DrafterChoiceConfig)
     draft_depth: DraftDepthConfig = field(default_factory=DraftDepthConfig)
     speculation_off: SpeculationOffConfig = field(default_factory=SpeculationOffConfig)
     target_choice: TargetChoiceConfig = field(default_factory=TargetChoiceConfig)
     scaling: PoolSizeConfig = field(default_factory=PoolSizeConfig)
-    fair_share: bool = True
-    max_inflight_per_client: int = 32
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    keepalive_time_s: float = 30.0
-    keepalive_timeout_s: float = 10.0
-    stream_write_timeout_s: float = 30.0
-    max_connection_idle_s: float | None = 600.0
-    max_connection_age_s: float | None = 3600.0
-    max_connection_age_grace_s: float | None = 600.0
+    fair_share: StrictBool = True
+    max_inflight_per_client: NonNegativeInt = 32
+    max_message_bytes: Annotated[int, Field(ge=1024)] = DEFAULT_MAX_MESSAGE_BYTES
+    keepalive_time_s: PositiveFloat = 30.0
+    keepalive_timeout_s: PositiveFloat = 10.0
+    stream_write_timeout_s: PositiveFloat = 30.0
+    # None: no limit
+    max_connection_idle_s: PositiveFloat | None = 600.0
+    max_connection_age_s: PositiveFloat | None = 3600.0
+    max_connection_age_grace_s: PositiveFloat | None = 600.0
+
+    __moved_keys__: ClassVar[dict[str, str]] = {"auto_off_batch": "router.speculation_off.auto_off_batch"}
 
     @property
     def pipelined(self) -> bool:
@@ -224,68 +252,24 @@ class RouterConfig:
 
     def __post_init__(self, auto_off_batch: int | None) -> None:
         self.k_policy = kpolicy_from_dict(self.k_policy)
-        if isinstance(self.rebalance, dict):
-            rebalance = dict(self.rebalance)
-            for old in [k for k in rebalance if k in LEGACY_KEYS]:
-                self._move(f"router.rebalance.{old}", *LEGACY_KEYS[old], rebalance.pop(old))
-            self.rebalance = rebalance
-        if auto_off_batch is not None:
-            self._move("router.auto_off_batch", "speculation_off", "auto_off_batch", auto_off_batch)
+        if isinstance(self.rebalance, dict) or auto_off_batch is not None:  # built directly, as tests do
+            sections = ("rebalance", *_SECTIONS)
+            moved = move_legacy_keys({s: getattr(self, s) for s in sections} | {"auto_off_batch": auto_off_batch})
+            for s in sections:
+                setattr(self, s, moved[s])
         self.rebalance = RebalanceConfig.from_dict(self.rebalance)
         for name, cls in _SECTIONS.items():
             setattr(self, name, cls.from_dict(getattr(self, name)))
         self.scaling = PoolSizeConfig.from_dict(self.scaling)
-        if self.default_mode not in ("draft", "ngram", "off"):
-            raise ValueError(f"router.default_mode must be draft, ngram or off (got {self.default_mode!r})")
-        if not isinstance(self.fair_share, bool):
-            raise ValueError(f"router.fair_share must be true or false (got {self.fair_share!r})")
-        if not isinstance(self.max_batched_tokens, int):
-            raise ValueError(f"router.max_batched_tokens must be an integer (got {self.max_batched_tokens!r})")
-        for key in ("max_queue", "micro_batches", "split_min_batch", "default_max_tokens", "prefill_chunk"):
-            v = getattr(self, key)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"router.{key} must be an integer >= 1 (got {v!r})")
-        for key in ("max_batch", "max_prompt_bytes", "max_inflight_per_client"):
-            v = getattr(self, key)
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"router.{key} must be an integer >= 0 (got {v!r})")
-        for key in ("draft_deadline_s", "rpc_timeout_s", "recovery_timeout_s", "draft_deadline_min_s"):
-            if float(getattr(self, key)) <= 0:
-                raise ValueError(f"router.{key} must be > 0")
-        if not isinstance(self.max_message_bytes, int) or self.max_message_bytes < 1024:
-            raise ValueError(f"router.max_message_bytes must be an integer >= 1024 (got {self.max_message_bytes!r})")
-        for key in ("keepalive_time_s", "keepalive_timeout_s", "stream_write_timeout_s"):
-            if float(getattr(self, key)) <= 0:
-                raise ValueError(f"router.{key} must be > 0")
-        for key in ("max_connection_idle_s", "max_connection_age_s", "max_connection_age_grace_s"):
-            v = getattr(self, key)
-            if v is not None and float(v) <= 0:
-                raise ValueError(f"router.{key} must be > 0, or null for no limit (got {v!r})")
-        if float(self.draft_deadline_factor) < 0:
-            raise ValueError("router.draft_deadline_factor must be >= 0 (0 = a fixed deadline)")
+        check_fields(self, "router")  # the fields' types above: as the model checks a file's
         if self.k_policy.k < 0 or self.k_policy.k_max < 0:
             raise ValueError("router.k_policy: k and k_max must be >= 0")
 
-    def _move(self, old: str, section: str, key: str, value: Any) -> None:
-        """Put an older key's ``value`` into its decision's section (refusing it written twice)."""
-        sec = getattr(self, section)
-        if isinstance(sec, dict) or sec is None:
-            sec = dict(sec or {})
-            if key in sec:
-                raise ValueError(f"{old} and router.{section}.{key} are the same setting: write it once")
-            sec[key] = value
-        else:
-            sec = dataclasses.replace(sec, **{key: value})
-        setattr(self, section, sec)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> RouterConfig:
-        d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)} | {"auto_off_batch"}  # an older key: init-only
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"router config: unknown keys {unknown} (known: {sorted(known)})")
-        return cls(**d)
+        """The ``router`` section through its typed model (:mod:`specdec.rpc.config_model`), after
+        the older keys are moved to their sections."""
+        return strict_from_dict(cls, move_legacy_keys(d or {}), "router")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -36,9 +36,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
+
 from router.speculation_off import SpecJob, VerifyCost, round_goodput
 from router.views import DrafterView, TargetView
 from specdec.core.request_state import CostMeter, RequestState
+from specdec.rpc.config_model import Fraction, check_fields
 from specdec.rpc.worker_config import strict_from_dict
 
 __all__ = [
@@ -74,24 +77,20 @@ class DraftDepthConfig:
       the adaptive k sees by this factor (longer drafts); ``shallow`` halves k_max.
     """
 
-    low_utilization: float = 0.35
-    high_utilization: float = 0.9
-    band: float = 0.1
+    low_utilization: Fraction = 0.35
+    high_utilization: Fraction = 0.9
+    band: NonNegativeFloat = 0.1
     growth_saturated: float = 0.15
-    samples: int = 3
-    cooldown_s: float = 5.0
+    samples: PositiveInt = 3
+    cooldown_s: NonNegativeFloat = 5.0
     deep_wait_share: float = 0.25
-    deep_extra_k: int = 1
+    deep_extra_k: NonNegativeInt = 1
     deep_cost_scale: float = 0.5
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.low_utilization < self.high_utilization <= 1.0:
-            raise ValueError("router.draft_depth: need 0 <= low_utilization < high_utilization <= 1")
-        if not isinstance(self.samples, int) or self.samples < 1:
-            raise ValueError("router.draft_depth.samples must be an integer >= 1")
-        for key in ("cooldown_s", "band"):
-            if float(getattr(self, key)) < 0:
-                raise ValueError(f"router.draft_depth.{key} must be >= 0")
+        check_fields(self, "router.draft_depth")
+        if not self.low_utilization < self.high_utilization:
+            raise ValueError("router.draft_depth: need low_utilization < high_utilization")
 
     @classmethod
     def from_dict(cls, d: dict | DraftDepthConfig | None) -> DraftDepthConfig:

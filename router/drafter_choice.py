@@ -25,8 +25,12 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat
 
 from router.views import DrafterView
+from specdec.rpc.config_model import Fraction, check_fields
 from specdec.rpc.worker_config import strict_from_dict
 
 __all__ = [
@@ -55,23 +59,16 @@ class DrafterChoiceConfig:
       load, and by up to 1 more as the load goes from ``hot_utilization`` to 1 (busy with other work).
     """
 
-    latency_weight: float = 0.3
-    stale_s: float = 10.0
-    forget_s: float = 60.0
-    move_margin: float = 1.5
-    move_cooldown_s: float = 2.0
-    util_weight: float = 0.5
-    hot_utilization: float = 0.9
+    latency_weight: PositiveFloat = 0.3
+    stale_s: PositiveFloat = 10.0
+    forget_s: PositiveFloat = 60.0
+    move_margin: Annotated[float, Field(ge=1.0)] = 1.5  # a ratio of costs
+    move_cooldown_s: NonNegativeFloat = 2.0
+    util_weight: NonNegativeFloat = 0.5
+    hot_utilization: Fraction = 0.9
 
     def __post_init__(self) -> None:
-        for key in ("stale_s", "forget_s", "move_margin", "latency_weight"):
-            if not float(getattr(self, key)) > 0:
-                raise ValueError(f"router.drafter_choice.{key} must be > 0")
-        if self.move_margin < 1.0:
-            raise ValueError("router.drafter_choice.move_margin must be >= 1 (it is a ratio of costs)")
-        for key in ("move_cooldown_s", "util_weight"):
-            if float(getattr(self, key)) < 0:
-                raise ValueError(f"router.drafter_choice.{key} must be >= 0")
+        check_fields(self, "router.drafter_choice")
 
     @classmethod
     def from_dict(cls, d: dict | DrafterChoiceConfig | None) -> DrafterChoiceConfig:

@@ -26,12 +26,15 @@ Replicas still launching count toward the size, so a slow node launch never doub
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt, StrictBool
+
 from router.views import DrafterView, TargetView
+from specdec.rpc.config_model import Fraction, check_fields
+from specdec.rpc.worker_config import strict_from_dict
 
 __all__ = [
     "PoolLimits",
@@ -51,11 +54,12 @@ POOLS = ("draft", "target")
 class PoolLimits:
     """Bounds of one pool's replica count."""
 
-    min_replicas: int = 1
-    max_replicas: int = 1
+    min_replicas: NonNegativeInt = 1
+    max_replicas: NonNegativeInt = 1
 
     def __post_init__(self) -> None:
-        if not 0 <= self.min_replicas <= self.max_replicas:
+        check_fields(self, "router.scaling")
+        if not self.min_replicas <= self.max_replicas:
             raise ValueError(f"need 0 <= min_replicas <= max_replicas (got {self.min_replicas}, {self.max_replicas})")
 
 
@@ -80,46 +84,33 @@ class PoolSizeConfig:
       up: logged and counted, never waited on forever.
     """
 
-    enabled: bool = False
+    enabled: StrictBool = False
     draft: PoolLimits = field(default_factory=lambda: PoolLimits(0, 4))
     target: PoolLimits = field(default_factory=lambda: PoolLimits(1, 2))
-    scale_up_queue: float = 2.0
-    draft_wait_share_up: float = 0.5
-    drafter_busy: float = 0.8
-    up_samples: int = 2
-    low_load: float = 0.2
-    low_occupancy: float = 0.25
-    scale_down_after_s: float = 60.0
-    cooldown_s: float = 10.0
-    drain_timeout_s: float = 60.0
-    launch_timeout_s: float = 300.0
+    scale_up_queue: NonNegativeFloat = 2.0
+    draft_wait_share_up: Fraction = 0.5
+    drafter_busy: Fraction = 0.8
+    up_samples: PositiveInt = 2
+    low_load: Fraction = 0.2
+    low_occupancy: Fraction = 0.25
+    scale_down_after_s: NonNegativeFloat = 60.0
+    cooldown_s: NonNegativeFloat = 10.0
+    drain_timeout_s: NonNegativeFloat = 60.0
+    launch_timeout_s: NonNegativeFloat = 300.0
 
     def __post_init__(self) -> None:
         for pool in POOLS:
             v = getattr(self, pool)
             if isinstance(v, dict):
                 object.__setattr__(self, pool, PoolLimits(**v))
-        if not isinstance(self.up_samples, int) or self.up_samples < 1:
-            raise ValueError("router.scaling.up_samples must be an integer >= 1")
-        for key in ("scale_up_queue", "scale_down_after_s", "cooldown_s", "drain_timeout_s", "launch_timeout_s"):
-            if float(getattr(self, key)) < 0:
-                raise ValueError(f"router.scaling.{key} must be >= 0")
-        for key in ("draft_wait_share_up", "drafter_busy", "low_load", "low_occupancy"):
-            if not 0.0 <= float(getattr(self, key)) <= 1.0:
-                raise ValueError(f"router.scaling.{key} must be in [0, 1]")
+        check_fields(self, "router.scaling")
 
     def limits(self, pool: str) -> PoolLimits:
         return getattr(self, pool)
 
     @classmethod
     def from_dict(cls, d: dict | PoolSizeConfig | None) -> PoolSizeConfig:
-        if isinstance(d, PoolSizeConfig):
-            return d
-        d = dict(d or {})
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"router.scaling: unknown keys {unknown}")
-        return cls(**d)
+        return d if isinstance(d, PoolSizeConfig) else strict_from_dict(cls, d, "router.scaling")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pydantic import NonNegativeFloat, NonNegativeInt
+
 from specdec.core.speedup import expected_tokens
+from specdec.rpc.config_model import check_fields
 from specdec.rpc.worker_config import strict_from_dict
 
 __all__ = [
@@ -54,20 +57,14 @@ class SpeculationOffConfig:
       many tested draft tokens.
     """
 
-    auto_off_batch: int = 0
-    off_margin: float = 0.02
-    on_margin: float = 0.15
-    min_evidence: float = 20.0
-    cooldown_s: float = 2.0
+    auto_off_batch: NonNegativeInt = 0
+    off_margin: NonNegativeFloat = 0.02
+    on_margin: NonNegativeFloat = 0.15
+    min_evidence: NonNegativeFloat = 20.0
+    cooldown_s: NonNegativeFloat = 2.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.auto_off_batch, int) or self.auto_off_batch < 0:
-            raise ValueError(
-                f"router.speculation_off.auto_off_batch must be an integer >= 0 (got {self.auto_off_batch!r})"
-            )
-        for key in ("off_margin", "on_margin", "min_evidence", "cooldown_s"):
-            if float(getattr(self, key)) < 0:
-                raise ValueError(f"router.speculation_off.{key} must be >= 0")
+        check_fields(self, "router.speculation_off")
 
     @classmethod
     def from_dict(cls, d: dict | SpeculationOffConfig | None) -> SpeculationOffConfig:

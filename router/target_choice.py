@@ -14,7 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pydantic import NonNegativeFloat
+
 from router.views import TargetView
+from specdec.rpc.config_model import check_fields
 from specdec.rpc.worker_config import strict_from_dict
 
 __all__ = ["TargetChoiceConfig", "Route", "route_score", "pick_target"]
@@ -27,11 +30,10 @@ class TargetChoiceConfig:
     saturated_penalty: added to a saturated target's load per slot when routing.
     """
 
-    saturated_penalty: float = 1.0
+    saturated_penalty: NonNegativeFloat = 1.0
 
     def __post_init__(self) -> None:
-        if float(self.saturated_penalty) < 0:
-            raise ValueError("router.target_choice.saturated_penalty must be >= 0")
+        check_fields(self, "router.target_choice")
 
     @classmethod
     def from_dict(cls, d: dict | TargetChoiceConfig | None) -> TargetChoiceConfig:

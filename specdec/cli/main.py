@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from specdec.cli.bench import add_bench
 from specdec.cli.bench_rebalance import add_bench_rebalance
+from specdec.cli.config import add_config
 from specdec.cli.exit_codes import FAILED
 from specdec.cli.generate import add_generate
 from specdec.cli.log_format import TEXT_FORMAT
@@ -34,6 +35,7 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_serve,
     add_bench_rebalance,
     add_plan,
+    add_config,
 ]
 
 

@@ -1,28 +1,30 @@
 """What a draft or target worker is configured with, and the strict dict -> dataclass rule every
-config section follows (unknown keys are refused, naming the section)."""
+config section follows (:mod:`specdec.rpc.config_model`: unknown keys and wrong types are refused,
+naming their path)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PositiveInt
 
 from specdec.core.dtypes import DTYPE_NAMES
+from specdec.rpc.config_model import Port, check_fields, validate
 from specdec.rpc.telemetry import TelemetryConfig
 
 __all__ = ["WorkerConfig", "strict_from_dict", "NODE_HOST"]
 
 NODE_HOST = "node"  # a worker's host: the node's own address (Ray's node IP)
+DType = Literal[DTYPE_NAMES]
 
 
 def strict_from_dict(cls, d: dict[str, Any] | None, section: str):
-    """Build dataclass `cls` from `d`, refusing unknown keys with a message naming the section."""
-    d = dict(d or {})
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ValueError(f"{section}: unknown keys {unknown} (known: {sorted(known)})")
-    return cls(**d)
+    """Build dataclass `cls` from `d` through its typed model; a
+    :class:`specdec.rpc.config_model.ConfigError` (a ValueError) lists every problem, paths
+    starting with `section`."""
+    return validate(cls, d, section)
 
 
 @dataclass
@@ -50,59 +52,40 @@ class WorkerConfig:
       draft); more is INVALID_ARGUMENT. ``specdec serve`` sets it to ``router.k_policy.k_max``.
     """
 
-    model: str
-    dtype: str = "float32"
+    model: Annotated[str, Field(min_length=1)]
+    dtype: DType = "float32"
     device: str = "cpu"
-    num_slots: int = 8
-    max_len: int = 2048
+    num_slots: PositiveInt = 8
+    max_len: PositiveInt = 2048
     host: str = "127.0.0.1"
-    port: int = 0
-    threads: int | None = None
+    port: Port = 0
+    threads: PositiveInt | None = None
     advertise_host: str | None = None
-    grpc_threads: int = 4
-    top_k_sent: int = 16
+    grpc_threads: PositiveInt = 4
+    top_k_sent: PositiveInt = 16
     draft_options: dict | None = None
-    max_ngram: int = 3
-    min_ngram: int = 1
+    max_ngram: PositiveInt = 3
+    min_ngram: PositiveInt = 1
     telemetry: dict | None = None
-    bench_step_delay_s: float = 0.0
-    max_k: int = 16
+    bench_step_delay_s: Annotated[float, Field(ge=0.0, le=60.0)] = 0.0
+    max_k: PositiveInt = 16
 
     def __post_init__(self) -> None:
-        def bad(key: str, why: str) -> ValueError:
-            return ValueError(f"worker config {key!r}: {why}")
-
-        if not isinstance(self.model, str) or not self.model:
-            raise bad("model", "must be a non-empty string (pack name, folder, .gguf file, hub id or 'ngram')")
-        if self.dtype not in DTYPE_NAMES:
-            raise bad("dtype", f"must be one of {DTYPE_NAMES} (got {self.dtype!r})")
+        check_fields(self)  # the fields' types above, on a config built directly too
+        # "key: why": a config error puts the section's path before it (target.device: ...)
         if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise bad("device", f"must be 'cpu' or 'cuda[:N]' (got {self.device!r})")
-        for key in ("num_slots", "max_len", "grpc_threads", "top_k_sent", "max_ngram", "min_ngram", "max_k"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad(key, f"must be an integer >= 1 (got {value!r})")
+            raise ValueError(f"device: must be 'cpu' or 'cuda[:N]' (got {self.device!r})")
         if self.min_ngram > self.max_ngram:
-            raise bad("min_ngram", f"must be <= max_ngram ({self.max_ngram})")
-        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
-            raise bad("port", f"must be in [0, 65535], 0 = any free port (got {self.port!r})")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise bad("threads", f"must be an integer >= 1 or None (got {self.threads!r})")
-        if self.draft_options is not None and not isinstance(self.draft_options, dict):
-            raise bad("draft_options", f"must be a dict of DraftOptions fields or None (got {self.draft_options!r})")
+            raise ValueError(f"min_ngram: must be <= max_ngram ({self.max_ngram})")
         if self.telemetry is not None and not isinstance(self.telemetry, dict | TelemetryConfig):
-            raise bad("telemetry", f"must be a dict of telemetry settings or None (got {self.telemetry!r})")
+            raise ValueError(f"telemetry: a mapping of telemetry settings or None (got {self.telemetry!r})")
         TelemetryConfig.from_dict(self.telemetry)  # refuses unknown keys and bad values here
-        if not isinstance(self.bench_step_delay_s, int | float) or not 0 <= self.bench_step_delay_s <= 60:
-            raise bad("bench_step_delay_s", f"must be in [0, 60] seconds (got {self.bench_step_delay_s!r})")
 
     @classmethod
     def from_dict(cls, config: dict | WorkerConfig) -> WorkerConfig:
         if isinstance(config, WorkerConfig):
             return config
-        if "model" not in config:
-            raise ValueError("worker config: 'model' is required")
-        return strict_from_dict(cls, config, "worker config")
+        return strict_from_dict(cls, config, "worker")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

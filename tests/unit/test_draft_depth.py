@@ -164,7 +164,7 @@ def test_a_round_is_capped_where_one_long_draft_would_hold_it():
 
 
 def test_config_is_strict():
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown key"):
         DraftDepthConfig.from_dict({"depth_samples": 2})  # the older name: only under router.rebalance
     with pytest.raises(ValueError, match="low_utilization"):
         DraftDepthConfig.from_dict({"low_utilization": 0.95})

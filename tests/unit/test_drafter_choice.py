@@ -207,7 +207,7 @@ def test_a_slowdown_shifts_every_request_once_and_they_stay():
 
 
 def test_config_is_strict():
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown key"):
         DrafterChoiceConfig.from_dict({"move_margn": 2})
     with pytest.raises(ValueError, match="move_margin"):
         DrafterChoiceConfig.from_dict({"move_margin": 0.5})

@@ -160,7 +160,7 @@ def test_no_drain_while_one_drains_or_launches():
 def test_config_checks():
     with pytest.raises(ValueError, match="min_replicas"):
         PoolLimits(3, 2)
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown key"):
         PoolSizeConfig.from_dict({"scale_up_queu": 1})
     with pytest.raises(ValueError, match="up_samples"):
         PoolSizeConfig(up_samples=0)

@@ -43,7 +43,7 @@ def test_security_section_flags_and_print_config(tmp_path, monkeypatch):
         ({"tls_cert": "c.pem"}, "go together"),
         ({"tls_client_ca": "ca.pem"}, "needs TLS"),
         ({"exempt": ["metrics"]}, "security.exempt"),
-        ({"token_file": "x"}, "unknown keys"),
+        ({"token_file": "x"}, r"security.token_file: unknown key; did you mean \"tokens_file\""),
     ):
         with pytest.raises(ValueError, match=match):
             SecurityConfig.from_dict(bad)

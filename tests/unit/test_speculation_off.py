@@ -36,7 +36,7 @@ def test_the_batch_size_gate_holds_only_auto_requests_and_only_above_the_limit()
 
 
 def test_config_is_strict():
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown key"):
         SpeculationOffConfig.from_dict({"off_margn": 0.1})
     with pytest.raises(ValueError, match="auto_off_batch"):
         SpeculationOffConfig.from_dict({"auto_off_batch": -1})

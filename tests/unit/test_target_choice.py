@@ -25,7 +25,7 @@ def test_requests_go_to_the_least_loaded_replica_per_slot():
 
 
 def test_config_is_strict():
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown key"):
         TargetChoiceConfig.from_dict({"saturated_penalt": 2})
     with pytest.raises(ValueError, match="saturated_penalty"):
         TargetChoiceConfig.from_dict({"saturated_penalty": -1})
