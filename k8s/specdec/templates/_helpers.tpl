@@ -28,6 +28,9 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .Values.models.mountPath | quote }}
 - name: HF_HUB_OFFLINE
   value: "1"
+# The root filesystem is read-only: caches that libraries keep under ~ go to the tmp volume.
+- name: HOME
+  value: /tmp
 {{- if ne .Values.rayAuth.mode "token" }}
 # Ray token auth is off (rayAuth.mode); in token mode KubeRay sets RAY_AUTH_MODE itself.
 - name: RAY_AUTH_MODE
@@ -86,12 +89,19 @@ app.kubernetes.io/component: {{ .component }}
     {{- with .root.Values.models.env }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+    {{- with .group.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   resources:
     {{- toYaml .resources | nindent 4 }}
   securityContext:
     {{- include "specdec.containerSecurity" .root | nindent 4 }}
   volumeMounts:
+    {{- include "specdec.tmpMount" .root | nindent 4 }}
     {{- include "specdec.modelsMount" .root | nindent 4 }}
+    {{- with .group.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end }}
 
 {{/* The serve config: .Values.serve plus what has to agree with the manifests. */}}
@@ -118,16 +128,4 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 {{- toYaml $cfg -}}
-{{- end }}
-
-{{- define "specdec.podSecurity" -}}
-runAsNonRoot: true
-runAsUser: 1000                  # the image's user (Dockerfile)
-runAsGroup: 1000
-fsGroup: 1000                    # the models volume is writable by it
-{{- end }}
-
-{{- define "specdec.containerSecurity" -}}
-allowPrivilegeEscalation: false
-capabilities: {drop: [ALL]}
 {{- end }}
