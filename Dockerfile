@@ -51,12 +51,20 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # PIP_TARGET in k8s/specdec/templates/_models.tpl). KubeRay runs its commands in a login shell,
 # which resets PATH from /etc/profile: profile.d puts the venv back ($PATH in single quotes on
 # purpose: expanded at login).
-# hadolint ignore=SC2016
-RUN useradd --create-home --uid 1000 --user-group specdec \
+# rsync and ssh: `ray up` with a `docker:` section (cluster/*-docker.yaml) copies files into the
+# container with rsync and its autoscaler reaches the worker nodes over ssh from inside it. Debian's
+# versions, not pinned: the base image's release fixes them.
+# hadolint ignore=SC2016,DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends rsync openssh-client \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 --user-group specdec \
     && mkdir /models \
     && chown specdec:specdec /models \
     && echo 'export PATH=/opt/venv/bin:$PATH' > /etc/profile.d/specdec-venv.sh
 COPY --from=builder /opt/venv /opt/venv
+# The `ray up` node scripts, for cluster/*-docker.yaml (the router's supervisor, the node env).
+COPY cluster/service.sh cluster/env.sh /opt/specdec/cluster/
 
 USER 1000:1000
 WORKDIR /home/specdec

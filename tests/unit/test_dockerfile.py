@@ -7,7 +7,8 @@ The rules (no Docker daemon needed: the file is linted and its structure checked
 * in the builder the dependencies are installed from pyproject.toml alone before the source is
   copied, then the package with --no-deps (a code change does not reinstall torch);
 * the runtime runs as a non-root user and does not own the venv (read-only at run time: packs are
-  installed into the models volume, not the venv);
+  installed into the models volume, not the venv), and installs no build tools: rsync and an ssh
+  client only, which `ray up` with a `docker:` section needs in the container;
 * no model weights in any layer.
 """
 
@@ -22,6 +23,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# what `ray up` with a docker: section needs in the container (cluster/README.md, "From the image")
+RUNTIME_PACKAGES = {"rsync", "openssh-client"}
 
 
 def hadolint(path: Path) -> subprocess.CompletedProcess:
@@ -71,12 +74,17 @@ def check_image_rules(text: str) -> None:
     assert package_install and package_install[0] > source_copy[0], "the package (--no-deps) after the source"
 
     runtime_copies = [a for k, a in runtime if k == "COPY"]
-    assert runtime_copies == ["--from=builder /opt/venv /opt/venv"], f"runtime copies {runtime_copies}"
+    assert runtime_copies == [
+        "--from=builder /opt/venv /opt/venv",
+        "cluster/service.sh cluster/env.sh /opt/specdec/cluster/",
+    ], f"runtime copies {runtime_copies}: the venv and the node scripts only"
     users = [a for k, a in runtime if k == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root"), f"runtime user {users}"
     runtime_runs = " ".join(a for k, a in runtime if k == "RUN")
     assert not re.search(r"(chown|chmod)\b[^&]*/opt/venv", runtime_runs), "the venv must stay read-only"
-    assert not re.search(r"apt-get install|build-essential|gcc", runtime_runs), "no build tools at run time"
+    apt = re.findall(r"apt-get install ([^&]*)", runtime_runs)
+    packages = {w for a in apt for w in a.split() if not w.startswith("-")}
+    assert packages == RUNTIME_PACKAGES, f"runtime packages {packages}: no build tools at run time"
 
     every_run = " ".join(a for k, a in instructions(text) if k == "RUN")
     assert not re.search(r"models\s+prepare|\.gguf|safetensors", every_run), "no model weights in the image"
@@ -124,7 +132,8 @@ BROKEN_RULES = {
         "COPY --from=builder /opt/venv /opt/venv",
         "COPY --from=builder /opt/venv /opt/venv\nCOPY . src/",
     ),
-    "build tools at run time": ("RUN useradd", "RUN apt-get install -y --no-install-recommends gcc && useradd"),
+    "build tools at run time": ("rsync openssh-client", "rsync openssh-client gcc"),
+    "no rsync for ray up": ("rsync openssh-client", "openssh-client"),
 }
 
 
