@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # `specdec serve --address auto` as a background service on the Ray head node.
 #
-#   service.sh start [SERVE FLAGS...]    start it detached (setsid + nohup): it outlives the SSH session
-#   service.sh stop                      SIGTERM (running requests get router.grace_s), SIGKILL after 90 s
-#                                        (10 s if it is not serving yet)
+#   service.sh start [SERVE FLAGS...]    start it detached (setsid + nohup): it outlives the SSH session,
+#                                        and a supervisor restarts it when it dies (after
+#                                        $SPECDEC_RESTART_DELAY_S, 5 s) while Ray runs here, until `stop`
+#   service.sh stop                      the supervisor first, then SIGTERM (running requests get
+#                                        router.grace_s), SIGKILL after 90 s (10 s if it is not serving yet)
 #   service.sh restart [SERVE FLAGS...]
 #   service.sh status [--wait SECONDS]   the process and the gRPC health of $SPECDEC_SERVER (127.0.0.1:50051;
 #                                        TLS / token flags for it in $SPECDEC_HEALTH_ARGS)
 #
 # The cluster files' head_start_ray_commands run `stop` before `ray stop` and `start` after
 # `ray start --head`; from your machine: ray exec CLUSTER.yaml '~/specdec/cluster/service.sh status'.
-# State: ~/.specdec/serve.pid and ~/.specdec/serve.log ($SPECDEC_STATE_DIR).
+# State: ~/.specdec/serve.pid, supervisor.pid, serve.log ($SPECDEC_STATE_DIR).
+# tests/unit/test_service_supervisor.py kills a running `specdec serve` and sees it come back.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/env.sh"
@@ -18,6 +21,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 state="${SPECDEC_STATE_DIR:-$HOME/.specdec}"
 pidfile="$state/serve.pid"
 logfile="$state/serve.log"
+suppidfile="$state/supervisor.pid"
+stopfile="$state/stopping"       # `stop` leaves it: the supervisor restarts nothing once it exists
+exitsfile="$state/serve.exits"   # one line per exit of `specdec serve` since `start`
 server="${SPECDEC_SERVER:-127.0.0.1:50051}"
 
 running() {  # the pid file names a live `specdec serve` (not a recycled pid)
@@ -26,20 +32,49 @@ running() {  # the pid file names a live `specdec serve` (not a recycled pid)
     [ -n "$pid" ] && grep -qa specdec "/proc/$pid/cmdline" 2>/dev/null
 }
 
+supervising() {  # the supervisor's pid file names a live supervisor of this script
+    local pid
+    pid="$(cat "$suppidfile" 2>/dev/null)" || return 1
+    [ -n "$pid" ] && grep -qa _supervise "/proc/$pid/cmdline" 2>/dev/null
+}
+
+ray_here() {  # Ray runs on this node: `ray start` wrote its address file, `ray stop` removes it
+    local tmp="${RAY_TMPDIR:-${TMPDIR:-/tmp}}"
+    [ -e "$tmp/ray/ray_current_cluster" ]
+}
+
+# Detached (start): run `specdec serve`, again whenever it exits, until `stop`, or until Ray is gone
+# from this node (`ray stop`, `ray down`: a router without its head has nothing to serve).
+supervise() {
+    echo $$ >"$suppidfile"
+    while [ ! -e "$stopfile" ]; do
+        bash -c 'echo $$ >"$0"; exec specdec serve "$@"' "$pidfile" "$@" </dev/null || true
+        echo "$(date -Is) exit" >>"$exitsfile"
+        [ -e "$stopfile" ] && break
+        if ! ray_here; then
+            echo "=== $(date -Is) specdec serve exited and Ray is not running here: not restarting it"
+            break
+        fi
+        echo "=== $(date -Is) specdec serve exited; restarting in ${SPECDEC_RESTART_DELAY_S:-5} s"
+        sleep "${SPECDEC_RESTART_DELAY_S:-5}"
+    done
+    rm -f "$suppidfile"
+}
+
 start() {
-    if running; then
-        echo "specdec serve is already running (pid $(cat "$pidfile")); use restart" >&2
+    if running || supervising; then
+        echo "specdec serve is already running (pid $(cat "$pidfile" 2>/dev/null)); use restart" >&2
         return 1
     fi
     mkdir -p "$state"
-    rm -f "$pidfile"
+    rm -f "$pidfile" "$stopfile" "$exitsfile"
     echo "=== $(date -Is) specdec serve --address auto $*" >>"$logfile"
     # Once `ray down` has stopped Ray, the router exits after 15 s without the GCS (Ray's default: 60).
     RAY_gcs_rpc_server_reconnect_timeout_s="${RAY_gcs_rpc_server_reconnect_timeout_s:-15}" \
-        setsid nohup bash -c 'echo $$ >"$0"; exec specdec serve --address auto "$@"' "$pidfile" "$@" \
-        </dev/null >>"$logfile" 2>&1 &
+        setsid nohup bash "$here/service.sh" _supervise --address auto "$@" </dev/null >>"$logfile" 2>&1 &
     sleep 3  # a bad flag or config, or no Ray here, ends it by now
-    if ! running; then
+    if [ -s "$exitsfile" ] || ! running; then
+        touch "$stopfile"  # no restarts of a service that cannot start
         echo "specdec serve exited at once; the end of $logfile:" >&2
         tail -n 20 "$logfile" >&2
         return 1
@@ -49,6 +84,12 @@ start() {
 }
 
 stop() {
+    mkdir -p "$state"
+    touch "$stopfile"
+    if supervising; then
+        kill -TERM "$(cat "$suppidfile")" 2>/dev/null || true
+        rm -f "$suppidfile"
+    fi
     if ! running; then
         rm -f "$pidfile"
         echo "specdec serve is not running"
@@ -111,6 +152,7 @@ case "$cmd" in
     stop) stop ;;
     restart) stop && start "$@" ;;
     status) status "$@" ;;
+    _supervise) supervise "$@" ;;
     *)
         echo "usage: $0 start [SERVE FLAGS...] | stop | restart [SERVE FLAGS...] | status [--wait SECONDS]" >&2
         exit 2

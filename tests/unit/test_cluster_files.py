@@ -235,7 +235,60 @@ def test_ray_token_auth_is_on_with_the_shipped_token(name, tmp_path):
     assert ray_token_problems(load(name), auth, tmp_path) == []
 
 
+IMAGE_SCRIPTS = "/opt/specdec/cluster/"  # where the Dockerfile puts the node scripts
+SYNC_ONLY = ("docker", "file_mounts", "setup_commands", "rsync_filter", "rsync_exclude")
+
+
+def from_image_problems(raw: dict, base: dict) -> list[str]:
+    """A `-docker` file runs the image: nothing of the checkout but configs/ synced, nothing
+    installed, and otherwise its base file (node types, ports, commands) with the image's scripts."""
+    problems = []
+    if not raw.get("docker", {}).get("image"):
+        problems.append("no docker.image")
+    for remote, local in raw.get("file_mounts", {}).items():
+        if not local.startswith("~") and (REPO / local).resolve() not in ((REPO / "configs").resolve(),):
+            problems.append(f"syncs {local!r} of the checkout to {remote}")
+    if any("pip install" in c for c in raw.get("setup_commands", [])):
+        problems.append("installs packages: the image has them")
+    copied = "COPY cluster/service.sh cluster/env.sh " + IMAGE_SCRIPTS
+    if copied not in (REPO / "Dockerfile").read_text():
+        problems.append(f"the Dockerfile does not put the node scripts in {IMAGE_SCRIPTS}")
+
+    def rest(cfg: dict) -> dict:
+        text = yaml.safe_dump({k: v for k, v in cfg.items() if k not in SYNC_ONLY})
+        return yaml.safe_load(text.replace(IMAGE_SCRIPTS, "~/specdec/cluster/"))
+
+    if rest(raw) != rest(base):
+        problems.append("differs from its base file beyond running from the image")
+    return problems
+
+
+@pytest.mark.parametrize("name", [n for n in CLUSTER_FILES if n.endswith("-docker")])
+def test_docker_files_run_from_the_image(name):
+    assert from_image_problems(load(name), load(name.removesuffix("-docker"))) == []
+
+
+def test_every_cloud_has_an_image_variant():
+    assert {f"{n}-docker" for n in ("aws", "gcp", "local")} <= set(CLUSTER_FILES)
+
+
 # --------------------------------------------------------------------------- broken copies fail
+
+
+def test_a_docker_file_that_syncs_or_drifts_is_reported():
+    base = load("aws")
+    bad = load("aws-docker")
+    bad["file_mounts"]["~/specdec"] = "."
+    assert from_image_problems(bad, base) == ["syncs '.' of the checkout to ~/specdec"]
+    bad = load("gcp-docker")
+    bad["setup_commands"].append("cd ~/specdec && .venv/bin/pip install -q -e .")
+    assert from_image_problems(bad, load("gcp")) == ["installs packages: the image has them"]
+    bad = load("local-docker")
+    bad["worker_start_ray_commands"][0] = "true"
+    assert from_image_problems(bad, load("local")) == ["differs from its base file beyond running from the image"]
+    bad = load("aws-docker")
+    del bad["docker"]
+    assert from_image_problems(bad, base) == ["no docker.image"]
 
 
 def test_ray_token_auth_off_or_unshipped_is_reported(tmp_path):

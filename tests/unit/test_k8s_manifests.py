@@ -73,7 +73,6 @@ OVERLAYS = {  # name: (values file, overrides)
                 "prometheusRule": {"enabled": True},
                 "dashboard": {"enabled": True},
             },
-            "router": {"logFormat": "json"},
         },
     ),
 }
@@ -306,7 +305,8 @@ def check_agreement(docs: list[dict], cluster: dict) -> None:
         assert len(offering) == 1, f"{role}: {len(offering)} worker groups offer {sorted(wanted)}"
         group = offering[0]
         assert all(float(group["resources"][k]) >= v for k, v in wanted.items()), f"{role}: one replica per pod"
-        assert group["minReplicas"] <= group.get("replicas", 0) <= group["maxReplicas"], f"{role} replica bounds"
+        assert group["minReplicas"] <= group["maxReplicas"], f"{role} replica bounds"
+        assert "replicas" not in group, f"{role}: autoscaled, a rendered count would reset the autoscaler's"
         assert pool.replicas <= group["maxReplicas"], f"{role}: {pool.replicas} replicas cannot fit the group"
         worker = group["template"]["spec"]["containers"][0]
         gpus = int(worker["resources"].get("limits", {}).get("nvidia.com/gpu", 0))
@@ -404,7 +404,7 @@ def check_gateway(docs: list[dict], cfg: ServeConfig, cluster: dict, svc: dict) 
 def test_manifests_validate(overlay):
     docs = rendered(overlay)
     kinds = {d["kind"] for d in docs} - {"Deployment"}
-    assert kinds - MONITORING_KINDS == {"ConfigMap", "RayCluster", "Service", "PodDisruptionBudget"}
+    assert kinds - MONITORING_KINDS == {"ConfigMap", "RayCluster", "Service", "PodDisruptionBudget", "NetworkPolicy"}
     assert (overlay == "gpu-monitoring") == (kinds >= MONITORING_KINDS), "monitoring is off by default"
     for doc in docs:
         check_schemas(doc)
@@ -456,20 +456,20 @@ def test_ray_token_auth_is_on_and_reaches_the_router():
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "auth_token"}
         for c in [*head["spec"]["containers"], *head["spec"].get("initContainers", [])]:  # nothing turns it off
             assert "RAY_AUTH_MODE" not in _env(c) or _env(c)["RAY_AUTH_MODE"]["value"] == "token", c["name"]
-        assert "env" not in spec["autoscalerOptions"]
+        assert "RAY_AUTH_MODE" not in _env(spec["autoscalerOptions"])
     off = _one(rendered("gpu-ray-auth-off"), "RayCluster")["spec"]
     assert off["authOptions"] == {"mode": "disabled"}
     assert _env(_container(off["headGroupSpec"]["template"], "router"))["RAY_AUTH_MODE"]["value"] == "disabled"
-    assert off["autoscalerOptions"]["env"] == [{"name": "RAY_AUTH_MODE", "value": "disabled"}]
+    assert _env(off["autoscalerOptions"])["RAY_AUTH_MODE"] == {"name": "RAY_AUTH_MODE", "value": "disabled"}
 
 
 # --------------------------------------------------------------------------- broken copies
 
 
-def test_router_logs_json_when_asked():
-    for overlay, fmt in (("gpu", "text"), ("gpu-monitoring", "json")):
-        args = " ".join(_router(_one(rendered(overlay), "RayCluster"))["args"])
-        assert f"--config /etc/specdec/serve.yaml --log-format {fmt}" in args, overlay
+def test_router_logs_json_unless_asked_for_text():
+    for docs, fmt in ((rendered("gpu"), "json"), (rendered("gpu", router={"logFormat": "text"}), "text")):
+        args = " ".join(_router(_one(docs, "RayCluster"))["args"])
+        assert f"--config /etc/specdec/serve.yaml --log-format {fmt}" in args, fmt
 
 
 def _router(d):
@@ -481,7 +481,7 @@ def test_values_that_disagree_with_cluster_yaml_fail():
     with pytest.raises(AssertionError, match="draft placement"):
         check_agreement(rendered("gpu", draft={"rayResource": "draft_gpus"}), cluster_yaml())
     with pytest.raises(AssertionError, match="cannot fit"):
-        check_agreement(rendered("gpu", target={"maxReplicas": 1, "minReplicas": 1, "replicas": 1}), cluster_yaml())
+        check_agreement(rendered("gpu", target={"maxReplicas": 1, "minReplicas": 1}), cluster_yaml())
 
 
 def test_drifted_gpu_overlay_fails():

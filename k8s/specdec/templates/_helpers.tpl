@@ -24,10 +24,24 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* Environment shared by every specdec process: the pack cache, no hub access, Ray's auth mode. */}}
 {{- define "specdec.env" -}}
-- name: SPECDEC_CACHE
-  value: {{ .Values.models.mountPath | quote }}
+# Serving never fetches a model: the init containers have prepared them (_models.tpl).
 - name: HF_HUB_OFFLINE
   value: "1"
+{{ include "specdec.baseEnv" . }}
+{{- end }}
+
+{{/* specdec.env less HF_HUB_OFFLINE, which the init containers set by their sources. */}}
+{{- define "specdec.baseEnv" -}}
+- name: SPECDEC_CACHE
+  value: {{ .Values.models.mountPath | quote }}
+# Pack wheels are installed into the models volume, not the image's read-only venv (_models.tpl).
+- name: PYTHONPATH
+  value: {{ include "specdec.wheelDir" . | quote }}
+- name: HF_HOME
+  value: {{ printf "%s/.hf" .Values.models.mountPath | quote }}
+# The root filesystem is read-only: caches that libraries keep under ~ go to the tmp volume.
+- name: HOME
+  value: /tmp
 {{- if ne .Values.rayAuth.mode "token" }}
 # Ray token auth is off (rayAuth.mode); in token mode KubeRay sets RAY_AUTH_MODE itself.
 - name: RAY_AUTH_MODE
@@ -44,54 +58,6 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ $.Values.tracing.sampleRatio | toString | quote }}
 {{- end }}
 {{- end }}
-{{- end }}
-
-{{/* The model-pack volume: a shared PVC, or an emptyDir per pod. */}}
-{{- define "specdec.modelsVolume" -}}
-- name: models
-{{- if .Values.models.existingClaim }}
-  persistentVolumeClaim:
-    claimName: {{ .Values.models.existingClaim }}
-{{- else }}
-  emptyDir:
-    sizeLimit: {{ .Values.models.sizeLimit }}
-{{- end }}
-{{- end }}
-
-{{- define "specdec.modelsMount" -}}
-- name: models
-  mountPath: {{ .Values.models.mountPath }}
-{{- end }}
-
-{{/* Pack names a pod needs: its pool's model (and the target's tokenizer), never "ngram". */}}
-{{- define "specdec.packs" -}}
-{{- $packs := list -}}
-{{- range .pools -}}
-{{- if and . .model (ne (lower .model) "ngram") -}}{{- $packs = append $packs .model -}}{{- end -}}
-{{- if and . .tokenizer -}}{{- $packs = append $packs .tokenizer -}}{{- end -}}
-{{- end -}}
-{{- $packs | uniq | join " " -}}
-{{- end }}
-
-{{/* Init container: prepare the packs into the models volume before anything loads them.
-     Args: root, packs (space-separated), resources. Idempotent: a prepared pack is skipped. */}}
-{{- define "specdec.prepareModels" -}}
-- name: prepare-models
-  image: {{ include "specdec.image" .root }}
-  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
-  command: ["specdec", "models", "prepare", "--quiet"]
-  args: {{ splitList " " .packs | toJson }}
-  env:
-    {{- include "specdec.env" .root | nindent 4 }}
-    {{- with .root.Values.models.env }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
-  resources:
-    {{- toYaml .resources | nindent 4 }}
-  securityContext:
-    {{- include "specdec.containerSecurity" .root | nindent 4 }}
-  volumeMounts:
-    {{- include "specdec.modelsMount" .root | nindent 4 }}
 {{- end }}
 
 {{/* The serve config: .Values.serve plus what has to agree with the manifests. */}}
@@ -118,16 +84,4 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 {{- toYaml $cfg -}}
-{{- end }}
-
-{{- define "specdec.podSecurity" -}}
-runAsNonRoot: true
-runAsUser: 1000                  # the image's user (Dockerfile)
-runAsGroup: 1000
-fsGroup: 1000                    # the models volume is writable by it
-{{- end }}
-
-{{- define "specdec.containerSecurity" -}}
-allowPrivilegeEscalation: false
-capabilities: {drop: [ALL]}
 {{- end }}

@@ -7,7 +7,8 @@
 {{- $pool := get $v.serve .role -}}
 {{- $packs := include "specdec.packs" (dict "pools" (list $pool)) -}}
 - groupName: {{ $g.groupName }}
-  replicas: {{ $g.replicas }}
+  # No `replicas`: the autoscaler owns the count between these bounds, and a rendered one would
+  # reset it on every `helm upgrade` (k8s/README.md, "Upgrades").
   minReplicas: {{ $g.minReplicas }}
   maxReplicas: {{ $g.maxReplicas }}
   idleTimeoutSeconds: {{ $g.idleTimeoutSeconds }}
@@ -24,23 +25,17 @@
         prometheus.io/port: "8080"
         prometheus.io/path: /metrics
     spec:
+      automountServiceAccountToken: false   # Ray workers never call the Kubernetes API
       securityContext:
         {{- include "specdec.podSecurity" .root | nindent 8 }}
       {{- with $v.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with $g.nodeSelector }}
-      nodeSelector:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $g.tolerations }}
-      tolerations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
+      {{- include "specdec.podHooks" $g | nindent 6 }}
       {{- if $packs }}
       initContainers:
-        {{- include "specdec.prepareModels" (dict "root" .root "packs" $packs "resources" $g.initResources) | nindent 8 }}
+        {{- include "specdec.prepareModels" (dict "root" .root "packs" $packs "resources" $g.initResources "group" $g) | nindent 8 }}
       {{- end }}
       containers:
         - name: ray-worker
@@ -50,6 +45,9 @@
             - {name: metrics, containerPort: 8080}     # Ray's own metrics, named as KubeRay expects
           env:
             {{- include "specdec.env" .root | nindent 12 }}
+            {{- with $g.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
           {{- $res := deepCopy $g.resources }}
           {{- if gt (int $g.gpus) 0 }}
           {{- $_ := set $res "limits" (merge (dict "nvidia.com/gpu" (toString (int $g.gpus))) ($res.limits | default dict)) }}
@@ -59,10 +57,22 @@
             {{- toYaml $res | nindent 12 }}
           securityContext:
             {{- include "specdec.containerSecurity" .root | nindent 12 }}
-          {{- if $packs }}
           volumeMounts:
+            {{- include "specdec.tmpMount" .root | nindent 12 }}
+            {{- include "specdec.shmMount" $g | nindent 12 }}
+            {{- if $packs }}
             {{- include "specdec.modelsMount" .root | nindent 12 }}
+            {{- end }}
+            {{- with $g.extraVolumeMounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
       volumes:
+        {{- include "specdec.tmpVolume" .root | nindent 8 }}
+        {{- include "specdec.shmVolume" $g | nindent 8 }}
+        {{- if $packs }}
         {{- include "specdec.modelsVolume" .root | nindent 8 }}
-      {{- end }}
+        {{- end }}
+        {{- with $g.extraVolumes }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
 {{- end }}
