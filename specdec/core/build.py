@@ -89,7 +89,9 @@ def model_drafter_on(runner: ModelRunner, options: DraftOptions | None = None) -
     """A drafter on a draft runner; several may share one runner if they run one at a time."""
     options = options or DraftOptions()
     # Lookup guesses need a match of two tokens or more: a one-token match is mostly noise.
-    return ModelDrafter(runner, lookup=NgramDrafter(min_ngram=2) if options.lookup else None)
+    return ModelDrafter(
+        runner, lookup=NgramDrafter(min_ngram=2) if options.lookup else None, tree_width=options.tree_width
+    )
 
 
 def make_model_drafter(

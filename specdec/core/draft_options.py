@@ -19,6 +19,13 @@ class DraftOptions:
     #                            i.e. by frequency), every special token and every later id that is
     #                            only whitespace and punctuation (build.py); None = full vocabulary
     lookup: bool = True  # the draft model also checks prompt-lookup guesses (ModelDrafter's lookup)
+    tree_width: int = 1  # candidates per drafted position, a token tree above 1 (ModelDrafter's tree_width)
+
+
+def _width(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
 
 
 def add_draft_option_flags(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +50,14 @@ def add_draft_option_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the draft model also checks prompt-lookup guesses, drafting copied text in one forward (default on)",
     )
+    parser.add_argument(
+        "--draft-tree-width",
+        type=_width,
+        default=None,
+        metavar="N",
+        help=f"candidates per drafted position (greedy and seeded requests): the draft model's N best, "
+        f"verified as a token tree in one forward; 1 drafts a chain (default {defaults.tree_width})",
+    )
 
 
 def draft_option_overrides(args: argparse.Namespace) -> dict:
@@ -54,6 +69,8 @@ def draft_option_overrides(args: argparse.Namespace) -> dict:
         out["vocab"] = args.draft_vocab or None
     if getattr(args, "draft_lookup", None) is not None:
         out["lookup"] = args.draft_lookup == "on"
+    if getattr(args, "draft_tree_width", None) is not None:
+        out["tree_width"] = args.draft_tree_width
     return out
 
 
@@ -67,4 +84,7 @@ def draft_options_from_dict(d: dict | None) -> DraftOptions:
     unknown = sorted(set(d or {}) - known)
     if unknown:
         raise ValueError(f"draft_options: unknown keys {unknown} (known: {sorted(known)})")
-    return DraftOptions(**(d or {}))
+    options = DraftOptions(**(d or {}))
+    if not isinstance(options.tree_width, int) or options.tree_width < 1:
+        raise ValueError(f"draft_options.tree_width: must be an integer >= 1 (got {options.tree_width!r})")
+    return options

@@ -21,6 +21,7 @@ from specdec.core.runner import ModelRunner, RunnerError, SlotsExhausted
 from specdec.core.sampling import gumbel_noise, make_generator, process_logits, sample_sparse, sparse_topk
 from specdec.core.slots import SlotTable
 from specdec.core.static_greedy import can_draft_greedily, greedy_steps
+from specdec.core.token_tree import chain_parents, cut_to_depth, merge_branches
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ def propose_within_k(drafter: Drafter, inputs: Sequence[DraftInput]) -> list[Dra
     """`drafter.propose`, each draft cut to its input's k: a drafter may return fewer, never more."""
     drafts = drafter.propose(inputs)
     for inp, draft in zip(inputs, drafts):
+        if draft.parents is not None:
+            draft.tokens, draft.parents = cut_to_depth(draft.tokens, draft.parents, inp.k)
+            continue
         del draft.tokens[inp.k :]
         if draft.probs is not None:
             del draft.probs[inp.k :]
@@ -109,8 +113,14 @@ class ModelDrafter:
         lookup: NgramDrafter | None = None,
         max_guesses: int = 3,
         cheap_rows: int = 4,
+        tree_width: int = 1,
     ):
         self.runner = runner
+        # Candidates per drafted position in greedy and seeded modes: the model's own pick and its
+        # next `tree_width - 1` best, each a branch of the round's token tree (docs/design.md,
+        # "Token trees"); 1 drafts a chain.
+        self.tree_width = tree_width
+        self._runners_up: dict[str, list[list[int]]] = {}  # per request, per drafted position, this round
         self.top_k_sent = top_k_sent
         self.lookup = lookup
         self.max_guesses = max_guesses  # per forward: a few more rows cost little in a memory-bound step
@@ -143,15 +153,26 @@ class ModelDrafter:
 
     def _pick(
         self, logits: torch.Tensor, inp: DraftInput, position: int
-    ) -> tuple[int, tuple[list[int], list[float]] | None]:
+    ) -> tuple[int, tuple[list[int], list[float]] | None, list[int]]:
+        """The drafted token, its sparse q (rejection mode) and the runners-up (greedy and seeded
+        modes with a tree width above 1), best first."""
         if inp.mode is VerifyMode.GREEDY:
-            return int(torch.argmax(logits)), None
+            token, others = self._ranked(logits)
+            return token, None, others
         logq = process_logits(logits, inp.params)
         if inp.mode is VerifyMode.INVARIANT:
             noise = gumbel_noise(inp.params.seed, position, logq.shape[-1], device=logq.device)
-            return int(torch.argmax(logq + noise)), None
+            token, others = self._ranked(logq + noise)
+            return token, None, others
         ids, probs = sparse_topk(logq, self.top_k_sent)
-        return sample_sparse(ids, probs, self.generators[inp.request_id]), (ids, probs)
+        return sample_sparse(ids, probs, self.generators[inp.request_id]), (ids, probs), []
+
+    def _ranked(self, scores: torch.Tensor) -> tuple[int, list[int]]:
+        best = int(torch.argmax(scores))  # the chain's own token, ties and all
+        if self.tree_width <= 1:
+            return best, []
+        top = torch.topk(scores, min(self.tree_width, scores.shape[-1])).indices.tolist()
+        return best, [t for t in top if t != best][: self.tree_width - 1]
 
     def _guesses(self, inp: DraftInput, draft: Draft, limit: int, fed: int) -> list[int]:
         """Prompt-lookup tokens to feed after the `fed` tokens; all right gives one token more."""
@@ -179,6 +200,7 @@ class ModelDrafter:
 
     def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
         drafts = [Draft(tokens=[], probs=[] if i.mode is VerifyMode.REJECTION else None) for i in inputs]
+        self._runners_up = {}
         rows, feeds, guesses, limits = [], [], {}, {}
         busy = {i.request_id for i in inputs}
         for b, inp in enumerate(inputs):
@@ -218,7 +240,22 @@ class ModelDrafter:
                     guesses[b] = self._guesses(inputs[b], drafts[b], limits[b], fed=1)
                 next_feeds = [[drafts[b].tokens[-1]] + guesses[b] for b in next_rows]
             rows, feeds = next_rows, next_feeds
+        if self.tree_width > 1:
+            self._branch(inputs, drafts, limits)
         return drafts
+
+    def _branch(self, inputs: Sequence[DraftInput], drafts: list[Draft], limits: dict) -> None:
+        """Make each greedy or seeded draft a tree: at every position, the model's runners-up
+        beside its own token, and the prompt lookup's guess from the root. The model's own tokens
+        stay the first path, so a tree never accepts less than the chain would."""
+        for b, (inp, draft) in enumerate(zip(inputs, drafts)):
+            others = self._runners_up.get(inp.request_id, [])[: len(draft.tokens)]
+            if inp.mode is VerifyMode.REJECTION or not draft.tokens:
+                continue
+            branches = [(d - 1, [t]) for d, ranked in enumerate(others) for t in ranked]
+            if self.lookup is not None:
+                branches.append((-1, self.lookup.propose_one(inp.tokens, limits[b]).tokens))
+            draft.tokens, draft.parents = merge_branches(draft.tokens, chain_parents(len(draft.tokens)), branches)
 
     def _draft_on_device(
         self, inputs: Sequence[DraftInput], drafts: list[Draft], rows: list[int], guesses: dict, limits: dict
@@ -264,7 +301,8 @@ class ModelDrafter:
         """Draft from logits [1 + len(guessed), vocab] while the model's picks equal the guesses;
         return how many guesses were kept."""
         for j, logits in enumerate(row_logits):
-            token, sparse = self._pick(logits, inp, len(inp.tokens) + len(draft.tokens))
+            token, sparse, others = self._pick(logits, inp, len(inp.tokens) + len(draft.tokens))
+            self._runners_up.setdefault(inp.request_id, []).append(others)
             draft.tokens.append(token)
             if sparse is not None:
                 draft.probs.append(sparse)

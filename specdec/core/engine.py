@@ -151,13 +151,13 @@ class SpecEngine:
         if all(r.generated for r in batch):  # a first round holds the drafter's prefill: not a step
             self.cost.update(
                 t1 - t0,
-                max(len(d.tokens) for d in drafts),
+                max(d.depth for d in drafts),
                 time.perf_counter() - t1,
                 sum(len(d.tokens) + 1 for d in drafts),
             )
         outputs = []
         for req, draft, result in zip(batch, drafts, results):
-            committed = req.commit(result.tokens, result.num_accepted, len(draft.tokens), max_len)
+            committed = req.commit(result.tokens, result.num_accepted, draft.depth, max_len)
             outputs.append(StepOutput(req.id, committed, req.finish_reason))
             if req.finish_reason is not None:
                 self._finish(req, req.finish_reason)

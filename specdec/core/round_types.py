@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.core.token_tree import depths
+
 __all__ = ["Draft", "SparseDist", "VerifyResult"]
 
 SparseDist = tuple[list[int], list[float]]
@@ -18,10 +20,20 @@ class Draft:
     # Per draft position, the sparse q (ids, probs) the token was sampled from (rejection mode).
     # None (or a position whose token is not in its ids) is verified as a point mass.
     probs: list[SparseDist] | None = None
+    # A token tree (specdec/core/token_tree.py): each token's parent among `tokens`, -1 for a child
+    # of the last committed token. None: a chain. Trees carry no probs (greedy and seeded modes).
+    parents: list[int] | None = None
 
     @property
     def k(self) -> int:
         return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        """Draft tokens on the longest path: what a round can accept at most."""
+        if self.parents is None:
+            return len(self.tokens)
+        return max(depths(self.parents), default=0)
 
 
 @dataclass

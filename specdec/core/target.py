@@ -18,7 +18,9 @@ from specdec.core.round_types import Draft, VerifyResult
 from specdec.core.runner import ModelRunner, SlotsExhausted
 from specdec.core.sampling import make_generator
 from specdec.core.slots import SlotTable
-from specdec.core.verify import verify
+from specdec.core.token_tree import chain_parents
+from specdec.core.tree_forward import keep_path, tree_forward
+from specdec.core.verify import verify, verify_tree
 
 
 @dataclass
@@ -93,6 +95,8 @@ class TargetVerifier:
         if not items:
             return []
         kept = self._sync([(i.request_id, i.tokens, i.params) for i in items], [len(i.tokens) - 1 for i in items])
+        if any(i.draft.parents is not None for i in items):
+            return self._verify_trees(items, kept)
         feeds = [i.tokens[k:] + i.draft.tokens for i, k in zip(items, kept)]
         logits = self.runner.forward(
             [self.slots[i.request_id] for i in items],
@@ -115,6 +119,44 @@ class TargetVerifier:
             results.append(result)
         return results
 
+    def _verify_trees(self, items: Sequence[VerifyItem], kept: list[int]) -> list[VerifyResult]:
+        """A batch holding token trees: one tree forward of every row (a chain is a tree), the
+        uncached committed tokens as a chain above each draft's root (specdec/core/tree_forward.py)."""
+        rows, parents = [], []
+        for item, k in zip(items, kept):
+            feed = item.tokens[k:]
+            room = self.runner.max_len - len(item.tokens)  # nodes are stored one after another
+            _fit(item.draft, room)
+            own = item.draft.parents if item.draft.parents is not None else chain_parents(item.draft.k)
+            rows.append(feed + item.draft.tokens)
+            parents.append(chain_parents(len(feed)) + [len(feed) - 1 if p < 0 else p + len(feed) for p in own])
+        logits = tree_forward(
+            self.runner,
+            [self.slots[i.request_id] for i in items],
+            rows,
+            parents,
+            invariant=self._invariant(i.params for i in items),
+        )
+        results = []
+        for item, k, row_logits in zip(items, kept, logits):
+            fed = len(item.tokens) - k
+            own_logits = row_logits[fed - 1 :]
+            if item.draft.parents is None:
+                result = verify(
+                    own_logits,
+                    item.draft,
+                    item.params,
+                    item.mode,
+                    start_pos=len(item.tokens),
+                    generator=self.generators[item.request_id],
+                )
+                path = list(range(result.num_accepted))
+            else:
+                result, path = verify_tree(own_logits, item.draft, item.params, item.mode, start_pos=len(item.tokens))
+            keep_path(self.runner, self.slots[item.request_id], list(range(fed)) + [fed + i for i in path])
+            results.append(result)
+        return results
+
     def _invariant(self, params: Iterable[SamplingParams]) -> bool:
         # The fast forward costs less (float32 CPU decode above all: docs/results.md, "Lossless output
         # and the invariant forward"); a batch of
@@ -123,6 +165,16 @@ class TargetVerifier:
 
     def release(self, request_id: str) -> None:
         self.slots.release(request_id)
+
+
+def _fit(draft: Draft, room: int) -> None:
+    """Cut a draft to the `room` nodes the context still holds (a tree in topological order keeps
+    its first nodes' parents)."""
+    del draft.tokens[room:]
+    if draft.parents is not None:
+        del draft.parents[room:]
+    if draft.probs is not None:
+        del draft.probs[room:]
 
 
 __all__ = ["TargetVerifier", "VerifyItem", "SlotsExhausted", "needs_invariance"]
