@@ -19,12 +19,20 @@ class DraftOptions:
     #                            i.e. by frequency), every special token and every later id that is
     #                            only whitespace and punctuation (build.py); None = full vocabulary
     lookup: bool = True  # the draft model also checks prompt-lookup guesses (ModelDrafter's lookup)
-    tree_width: int = 1  # candidates per drafted position, a token tree above 1 (ModelDrafter's tree_width)
+    tree_width: int = 1  # children per grown node of a token tree; 1 drafts a chain (core/tree_drafting.py)
+    tree_nodes: int = 16  # nodes of a token tree the target verifies at most
+    tree_expand: int = 4  # nodes of a token tree grown per draft forward (its rows); 0: the chain's runners-up
 
 
 def _width(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return int(text)
 
 
@@ -55,8 +63,23 @@ def add_draft_option_flags(parser: argparse.ArgumentParser) -> None:
         type=_width,
         default=None,
         metavar="N",
-        help=f"candidates per drafted position (greedy and seeded requests): the draft model's N best, "
-        f"verified as a token tree in one forward; 1 drafts a chain (default {defaults.tree_width})",
+        help=f"greedy and seeded requests draft a token tree, each grown node adding the draft model's N best "
+        f"next tokens, verified in one forward; 1 drafts a chain (default {defaults.tree_width})",
+    )
+    parser.add_argument(
+        "--draft-tree-nodes",
+        type=_width,
+        default=None,
+        metavar="N",
+        help=f"nodes of a token tree the target verifies at most, the likeliest kept (default {defaults.tree_nodes})",
+    )
+    parser.add_argument(
+        "--draft-tree-expand",
+        type=_count,
+        default=None,
+        metavar="N",
+        help=f"nodes of a token tree grown per draft forward, the likeliest; 0 grows none: the chain's runners-up "
+        f"are its leaves (default {defaults.tree_expand})",
     )
 
 
@@ -71,6 +94,10 @@ def draft_option_overrides(args: argparse.Namespace) -> dict:
         out["lookup"] = args.draft_lookup == "on"
     if getattr(args, "draft_tree_width", None) is not None:
         out["tree_width"] = args.draft_tree_width
+    if getattr(args, "draft_tree_nodes", None) is not None:
+        out["tree_nodes"] = args.draft_tree_nodes
+    if getattr(args, "draft_tree_expand", None) is not None:
+        out["tree_expand"] = args.draft_tree_expand
     return out
 
 
@@ -85,6 +112,8 @@ def draft_options_from_dict(d: dict | None) -> DraftOptions:
     if unknown:
         raise ValueError(f"draft_options: unknown keys {unknown} (known: {sorted(known)})")
     options = DraftOptions(**(d or {}))
-    if not isinstance(options.tree_width, int) or options.tree_width < 1:
-        raise ValueError(f"draft_options.tree_width: must be an integer >= 1 (got {options.tree_width!r})")
+    for name, least in (("tree_width", 1), ("tree_nodes", 1), ("tree_expand", 0)):
+        value = getattr(options, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"draft_options.{name}: must be an integer >= {least} (got {value!r})")
     return options

@@ -5,6 +5,7 @@ Torch-free: the gRPC conversion and the router use these types.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from specdec.core.token_tree import depths
@@ -23,6 +24,9 @@ class Draft:
     # A token tree (specdec/core/token_tree.py): each token's parent among `tokens`, -1 for a child
     # of the last committed token. None: a chain. Trees carry no probs (greedy and seeded modes).
     parents: list[int] | None = None
+    # Per tree node, the log of the draft's probability of the path to it (how likely the target is
+    # to accept it): what the round's tree size is chosen by (specdec/core/tree_size.py).
+    scores: list[float] | None = None
 
     @property
     def k(self) -> int:
@@ -34,6 +38,23 @@ class Draft:
         if self.parents is None:
             return len(self.tokens)
         return max(depths(self.parents), default=0)
+
+    def keep(self, nodes: Iterable[int]) -> Draft:
+        """The draft of the given nodes (of a tree: each with its parent, in order), renumbered."""
+        index: dict[int, int] = {}
+        for i in sorted(set(nodes)):
+            parent = -1 if self.parents is None else self.parents[i]
+            if self.parents is None or parent < 0 or parent in index:
+                index[i] = len(index)
+        kept = list(index)
+        return Draft(
+            tokens=[self.tokens[i] for i in kept],
+            probs=None if self.probs is None else [self.probs[i] for i in kept],
+            parents=None
+            if self.parents is None
+            else [-1 if self.parents[i] < 0 else index[self.parents[i]] for i in kept],
+            scores=None if self.scores is None else [self.scores[i] for i in kept],
+        )
 
 
 @dataclass

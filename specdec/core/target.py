@@ -126,7 +126,8 @@ class TargetVerifier:
         for item, k in zip(items, kept):
             feed = item.tokens[k:]
             room = self.runner.max_len - len(item.tokens)  # nodes are stored one after another
-            _fit(item.draft, room)
+            if item.draft.k > room:
+                item.draft = item.draft.keep(range(room))
             own = item.draft.parents if item.draft.parents is not None else chain_parents(item.draft.k)
             rows.append(feed + item.draft.tokens)
             parents.append(chain_parents(len(feed)) + [len(feed) - 1 if p < 0 else p + len(feed) for p in own])
@@ -165,16 +166,6 @@ class TargetVerifier:
 
     def release(self, request_id: str) -> None:
         self.slots.release(request_id)
-
-
-def _fit(draft: Draft, room: int) -> None:
-    """Cut a draft to the `room` nodes the context still holds (a tree in topological order keeps
-    its first nodes' parents)."""
-    del draft.tokens[room:]
-    if draft.parents is not None:
-        del draft.parents[room:]
-    if draft.probs is not None:
-        del draft.probs[room:]
 
 
 __all__ = ["TargetVerifier", "VerifyItem", "SlotsExhausted", "needs_invariance"]

@@ -14,7 +14,7 @@ __all__ = [
     "chain_parents",
     "check_parents",
     "depths",
-    "cut_to_depth",
+    "within_depth",
     "merge_branches",
     "leaf_paths",
     "walk",
@@ -42,17 +42,9 @@ def depths(parents: Sequence[int]) -> list[int]:
     return out
 
 
-def cut_to_depth(tokens: list[int], parents: list[int], k: int) -> tuple[list[int], list[int]]:
-    """The nodes at depth <= k, renumbered (a drafter may propose deeper than the round's k)."""
-    d = depths(parents)
-    new_index: dict[int, int] = {}
-    out_tokens, out_parents = [], []
-    for i, (t, p) in enumerate(zip(tokens, parents)):
-        if d[i] <= k:
-            new_index[i] = len(out_tokens)
-            out_tokens.append(t)
-            out_parents.append(-1 if p < 0 else new_index[p])
-    return out_tokens, out_parents
+def within_depth(parents: Sequence[int], k: int) -> list[int]:
+    """The nodes at depth <= k (a drafter may propose deeper than the round's k)."""
+    return [i for i, d in enumerate(depths(parents)) if d <= k]
 
 
 def merge_branches(

@@ -13,6 +13,7 @@ from specdec.core.ngram import NgramDrafter
 from specdec.core.params import SamplingParams
 from specdec.core.round_types import VerifyResult
 from specdec.core.runner import ModelRunner
+from specdec.core.tree_drafting import TreeShape
 from tests.conftest import load_hf
 
 
@@ -38,11 +39,11 @@ def _engine(
         drafter = ModelDrafter(
             ModelRunner(draft_model, num_slots=num_slots, max_len=max_len), lookup=NgramDrafter(min_ngram=1)
         )
-    elif drafter_kind == "model-tree":  # a token tree: the draft model's 3 best per position + lookup
+    elif drafter_kind == "model-tree":  # a token tree: 2 nodes grown per level, 3 children each, + lookup
         drafter = ModelDrafter(
             ModelRunner(draft_model, num_slots=num_slots, max_len=max_len),
             lookup=NgramDrafter(min_ngram=1),
-            tree_width=3,
+            tree=TreeShape(width=3, expand=2, nodes=10),
         )
     elif drafter_kind == "ngram":
         drafter = NgramProposer()

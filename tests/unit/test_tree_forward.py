@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec.core.runner import ContextFull, ModelRunner, RunnerError
-from specdec.core.token_tree import chain_parents, cut_to_depth, depths, leaf_paths, merge_branches, walk
+from specdec.core.token_tree import chain_parents, depths, leaf_paths, merge_branches, walk, within_depth
 from specdec.core.tree_forward import keep_path, tree_forward
 from tests.conftest import load_hf
 
@@ -122,7 +122,7 @@ def test_tree_helpers():
     assert depths(TREE_PARENTS) == [1, 2, 3, 4, 2, 3, 2, 3, 4]
     assert leaf_paths(TREE_PARENTS) == [[0, 1, 2, 3], [0, 4, 5], [0, 6], [0, 1, 7, 8]]
     tokens = [10, 11, 12, 13, 14, 15, 16, 17, 18]
-    assert cut_to_depth(tokens, TREE_PARENTS, 2) == ([10, 11, 14, 16], [-1, 0, 0, 0])
+    assert within_depth(TREE_PARENTS, 2) == [0, 1, 4, 6]
     merged = merge_branches([10, 11], [-1, 0], [(-1, [10, 11, 12]), (0, [20]), (-1, [30])])
     assert merged == ([10, 11, 12, 20, 30], [-1, 0, 1, 0, -1])
     # The target says 10, 17 (not 11), then 18, then 5: the path 0 -> 7 -> 8 is taken, 5 follows.
