@@ -51,14 +51,10 @@ class Drafter(Protocol):
 
 def propose_within_k(drafter: Drafter, inputs: Sequence[DraftInput]) -> list[Draft]:
     """`drafter.propose`, each draft cut to its input's k: a drafter may return fewer, never more."""
-    drafts, out = drafter.propose(inputs), []
+    drafts = drafter.propose(inputs)
     for inp, draft in zip(inputs, drafts):
-        if draft.parents is not None:
-            draft = draft.keep(within_depth(draft.parents, inp.k))
-        else:
-            draft = draft.keep(range(min(inp.k, draft.k)))
-        out.append(draft)
-    return out
+        draft.keep(range(min(inp.k, draft.k)) if draft.parents is None else within_depth(draft.parents, inp.k))
+    return drafts
 
 
 class NoDrafter:

@@ -40,21 +40,20 @@ class Draft:
         return max(depths(self.parents), default=0)
 
     def keep(self, nodes: Iterable[int]) -> Draft:
-        """The draft of the given nodes (of a tree: each with its parent, in order), renumbered."""
+        """Keep only the given nodes (of a tree: those whose parent is kept too), renumbered; in
+        place, so whoever holds the draft (a timing wrapper) sees what is verified. Returns it."""
         index: dict[int, int] = {}
         for i in sorted(set(nodes)):
             parent = -1 if self.parents is None else self.parents[i]
             if self.parents is None or parent < 0 or parent in index:
                 index[i] = len(index)
         kept = list(index)
-        return Draft(
-            tokens=[self.tokens[i] for i in kept],
-            probs=None if self.probs is None else [self.probs[i] for i in kept],
-            parents=None
-            if self.parents is None
-            else [-1 if self.parents[i] < 0 else index[self.parents[i]] for i in kept],
-            scores=None if self.scores is None else [self.scores[i] for i in kept],
-        )
+        if self.parents is not None:
+            self.parents = [-1 if self.parents[i] < 0 else index[self.parents[i]] for i in kept]
+        self.tokens = [self.tokens[i] for i in kept]
+        self.probs = None if self.probs is None else [self.probs[i] for i in kept if i < len(self.probs)]
+        self.scores = None if self.scores is None else [self.scores[i] for i in kept]
+        return self
 
 
 @dataclass

@@ -127,7 +127,7 @@ class TargetVerifier:
             feed = item.tokens[k:]
             room = self.runner.max_len - len(item.tokens)  # nodes are stored one after another
             if item.draft.k > room:
-                item.draft = item.draft.keep(range(room))
+                item.draft.keep(range(room))
             own = item.draft.parents if item.draft.parents is not None else chain_parents(item.draft.k)
             rows.append(feed + item.draft.tokens)
             parents.append(chain_parents(len(feed)) + [len(feed) - 1 if p < 0 else p + len(feed) for p in own])

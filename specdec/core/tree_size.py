@@ -53,7 +53,7 @@ class TreeSizer:
         return None if above is None else self.verify_s[above] * width / above
 
     def cut(self, drafts: Sequence[Draft], fixed_rows: int, draft_s: float) -> list[Draft]:
-        """Each tree draft cut to the nodes worth verifying; chains unchanged. `fixed_rows`: the
+        """Each tree draft cut to the nodes worth verifying (in place); chains unchanged. `fixed_rows`: the
         verify tokens that are not tree nodes (one per request, the chains' tokens)."""
         nodes = sorted(
             ((p, b, i) for b, d in enumerate(drafts) if d.scores for i, p in enumerate(map(math.exp, d.scores))),
@@ -74,7 +74,7 @@ class TreeSizer:
             if rate > best_rate:
                 best_rate, keep = rate, n
         kept = {(b, i) for _, b, i in nodes[:keep]}
-        return [d.keep(i for bb, i in kept if bb == b) if d.scores else d for b, d in enumerate(drafts)]
+        return [d.keep([i for bb, i in kept if bb == b]) if d.scores else d for b, d in enumerate(drafts)]
 
     def observe(self, width: int, verify_s: float, expected: float, accepted: int) -> None:
         """A round verified `width` tokens in `verify_s`; its trees expected `expected` accepted
