@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 HF_TARGET, HF_ASSISTED, HF_ASSISTED_K = "hf_target", "hf_assisted", "hf_assisted_k"
-SPEC_TARGET, SPEC_DRAFT_K, SPEC_ADAPTIVE, SPEC_NGRAM = (
+SPEC_TARGET, SPEC_DRAFT_K, SPEC_ADAPTIVE, SPEC_NGRAM, SPEC_DEFAULT = (
     "specdec_target",
     "specdec_draft_k",
-    "specdec_draft_adaptive",
+    "specdec_draft_adaptive",  # the draft model's chain, adaptive k
     "specdec_ngram",
+    "specdec_default",  # what `specdec generate` runs with the draft model: DraftOptions as given
 )
-FAMILIES = (HF_TARGET, HF_ASSISTED, HF_ASSISTED_K, SPEC_TARGET, SPEC_DRAFT_K, SPEC_ADAPTIVE, SPEC_NGRAM)
-NEEDS_DRAFT = (HF_ASSISTED, HF_ASSISTED_K, SPEC_DRAFT_K, SPEC_ADAPTIVE)
+FAMILIES = (HF_TARGET, HF_ASSISTED, HF_ASSISTED_K, SPEC_TARGET, SPEC_DRAFT_K, SPEC_ADAPTIVE, SPEC_NGRAM, SPEC_DEFAULT)
+NEEDS_DRAFT = (HF_ASSISTED, HF_ASSISTED_K, SPEC_DRAFT_K, SPEC_ADAPTIVE, SPEC_DEFAULT)
 
 
 def family(name: str) -> str:

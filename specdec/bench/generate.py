@@ -15,7 +15,9 @@ Configurations (``--configs`` takes the family names):
 * ``specdec_draft_k``: SpecEngine with the draft model, fixed k: ``specdec_draft_k{K}``. The draft
   runs as ``specdec generate`` runs it (:class:`specdec.core.draft_options.DraftOptions`: int8 weights and a
   frequency-ranked vocabulary subset by default); transformers gets the draft model as loaded.
-* ``specdec_draft_adaptive``: SpecEngine with the draft model, ``KPolicy(adaptive=True)``.
+* ``specdec_draft_adaptive``: SpecEngine with the draft model's chain, ``KPolicy(adaptive=True)``.
+* ``specdec_default``: the same with the draft options as given (the shipped defaults when no flag
+  sets them: a token tree where ``DraftOptions.tree_width`` is above 1), as ``specdec generate`` runs.
 * ``specdec_ngram``: SpecEngine with the n-gram (prompt-lookup) drafter.
 
 Measured per configuration: output tokens/s (all tokens / all time), ms per output token per
@@ -44,7 +46,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -55,6 +57,7 @@ from specdec.bench.config_names import (
     HF_TARGET,
     NEEDS_DRAFT,
     SPEC_ADAPTIVE,
+    SPEC_DEFAULT,
     SPEC_DRAFT_K,
     SPEC_NGRAM,
     SPEC_TARGET,
@@ -136,11 +139,12 @@ def build_configs(
     """
     target_runner = ModelRunner(target.model, num_slots=1, max_len=max_len)
     draft_runner = None
-    if draft is not None and any(family(n) in (SPEC_DRAFT_K, SPEC_ADAPTIVE) for n in names):
+    if draft is not None and any(family(n) in (SPEC_DRAFT_K, SPEC_ADAPTIVE, SPEC_DEFAULT) for n in names):
         draft_runner = make_draft_runner(draft, 1, max_len, draft_options)
+    options = draft_options or DraftOptions()
 
-    def model_drafter() -> TimedDrafter:  # one per configuration, all on the one draft runner
-        return TimedDrafter(model_drafter_on(draft_runner, draft_options))
+    def model_drafter(chain: bool = True) -> TimedDrafter:  # one per configuration, all on the one draft runner
+        return TimedDrafter(model_drafter_on(draft_runner, replace(options, tree_width=1) if chain else options))
 
     configs: dict = {}
     for name in names:
@@ -157,6 +161,8 @@ def build_configs(
                 drafter, policy = model_drafter(), KPolicy(k=k)
             elif fam == SPEC_ADAPTIVE:
                 drafter, policy = model_drafter(), KPolicy(adaptive=True)
+            elif fam == SPEC_DEFAULT:
+                drafter, policy = model_drafter(chain=False), KPolicy(adaptive=True)
             engine = SpecEngine(
                 target_runner, target.tokenizer, drafter, k_policy=policy, eos_token_ids=target.eos_token_ids
             )

@@ -11,7 +11,8 @@ from specdec.core.params import SamplingParams
 
 
 class TimedDrafter:
-    """Wraps a drafter: times each propose() and counts the draft tokens that reached verification."""
+    """Wraps a drafter: times each propose() and counts the draft tokens that reached verification
+    (of a token tree, those on its longest path: what a round can accept, as RequestStats counts)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -29,8 +30,9 @@ class TimedDrafter:
         self.inner.release(request_id)
 
     def take(self) -> tuple[int, float]:
-        """(draft tokens, seconds) since the last take. Read after the step: the engine trims drafts to k."""
-        out = (sum(len(d.tokens) for d in self._drafts), self._seconds)
+        """(draft tokens, seconds) since the last take. Read after the step: the engine cuts drafts
+        to k, and trees to the nodes it verifies, in place."""
+        out = (sum(d.depth for d in self._drafts), self._seconds)
         self._drafts, self._seconds = [], 0.0
         return out
 

@@ -72,6 +72,7 @@ FAMILIES = (
     "specdec_draft_k",
     "specdec_draft_adaptive",
     "specdec_ngram",
+    "specdec_default",
 )
 
 

@@ -13,6 +13,7 @@ from specdec.core.engine import KPolicy, SpecEngine
 from specdec.core.models import LoadedModel, load_model
 from specdec.core.ngram import NgramDrafter
 from specdec.core.runner import ModelRunner
+from specdec.core.tree_drafting import TreeShape
 
 if TYPE_CHECKING:
     from specdec.core.tp_group import LocalGroup
@@ -89,7 +90,10 @@ def model_drafter_on(runner: ModelRunner, options: DraftOptions | None = None) -
     """A drafter on a draft runner; several may share one runner if they run one at a time."""
     options = options or DraftOptions()
     # Lookup guesses need a match of two tokens or more: a one-token match is mostly noise.
-    return ModelDrafter(runner, lookup=NgramDrafter(min_ngram=2) if options.lookup else None)
+    tree = None
+    if options.tree_width > 1:
+        tree = TreeShape(width=options.tree_width, expand=options.tree_expand, nodes=options.tree_nodes)
+    return ModelDrafter(runner, lookup=NgramDrafter(min_ngram=2) if options.lookup else None, tree=tree)
 
 
 def make_model_drafter(

@@ -19,6 +19,21 @@ class DraftOptions:
     #                            i.e. by frequency), every special token and every later id that is
     #                            only whitespace and punctuation (build.py); None = full vocabulary
     lookup: bool = True  # the draft model also checks prompt-lookup guesses (ModelDrafter's lookup)
+    tree_width: int = 1  # children per grown node of a token tree; 1 drafts a chain (core/tree_drafting.py)
+    tree_nodes: int = 16  # nodes of a token tree the target verifies at most
+    tree_expand: int = 4  # nodes of a token tree grown per draft forward (its rows); 0: the chain's runners-up
+
+
+def _width(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return int(text)
 
 
 def add_draft_option_flags(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +58,29 @@ def add_draft_option_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the draft model also checks prompt-lookup guesses, drafting copied text in one forward (default on)",
     )
+    parser.add_argument(
+        "--draft-tree-width",
+        type=_width,
+        default=None,
+        metavar="N",
+        help=f"greedy and seeded requests draft a token tree, each grown node adding the draft model's N best "
+        f"next tokens, verified in one forward; 1 drafts a chain (default {defaults.tree_width})",
+    )
+    parser.add_argument(
+        "--draft-tree-nodes",
+        type=_width,
+        default=None,
+        metavar="N",
+        help=f"nodes of a token tree the target verifies at most, the likeliest kept (default {defaults.tree_nodes})",
+    )
+    parser.add_argument(
+        "--draft-tree-expand",
+        type=_count,
+        default=None,
+        metavar="N",
+        help=f"nodes of a token tree grown per draft forward, the likeliest; 0 grows none: the chain's runners-up "
+        f"are its leaves (default {defaults.tree_expand})",
+    )
 
 
 def draft_option_overrides(args: argparse.Namespace) -> dict:
@@ -54,6 +92,12 @@ def draft_option_overrides(args: argparse.Namespace) -> dict:
         out["vocab"] = args.draft_vocab or None
     if getattr(args, "draft_lookup", None) is not None:
         out["lookup"] = args.draft_lookup == "on"
+    if getattr(args, "draft_tree_width", None) is not None:
+        out["tree_width"] = args.draft_tree_width
+    if getattr(args, "draft_tree_nodes", None) is not None:
+        out["tree_nodes"] = args.draft_tree_nodes
+    if getattr(args, "draft_tree_expand", None) is not None:
+        out["tree_expand"] = args.draft_tree_expand
     return out
 
 
@@ -67,4 +111,9 @@ def draft_options_from_dict(d: dict | None) -> DraftOptions:
     unknown = sorted(set(d or {}) - known)
     if unknown:
         raise ValueError(f"draft_options: unknown keys {unknown} (known: {sorted(known)})")
-    return DraftOptions(**(d or {}))
+    options = DraftOptions(**(d or {}))
+    for name, least in (("tree_width", 1), ("tree_nodes", 1), ("tree_expand", 0)):
+        value = getattr(options, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"draft_options.{name}: must be an integer >= {least} (got {value!r})")
+    return options

@@ -8,6 +8,7 @@ missing or stale (a restarted worker, a rollback): the committed tokens are the 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -18,12 +19,15 @@ from specdec.core.ngram import NgramDrafter
 from specdec.core.params import SamplingParams, VerifyMode
 from specdec.core.round_types import Draft
 from specdec.core.runner import ModelRunner, RunnerError, SlotsExhausted
-from specdec.core.sampling import gumbel_noise, make_generator, process_logits, sample_sparse, sparse_topk
+from specdec.core.sampling import make_generator, process_logits, sample_sparse, sparse_topk
 from specdec.core.slots import SlotTable
 from specdec.core.static_greedy import can_draft_greedily, greedy_steps
+from specdec.core.token_tree import depths, merge_branches, within_depth
+from specdec.core.tree_drafting import TreeRow, TreeShape, branch_chain, grow_trees, pick_scores, ranked
 
 log = logging.getLogger(__name__)
 
+_LOOKUP_LOGP = math.log(0.5)
 _LONG_FEED = 32  # tokens: a row feeding more is a prompt catching up, forwarded apart from one-token rows
 
 
@@ -49,9 +53,7 @@ def propose_within_k(drafter: Drafter, inputs: Sequence[DraftInput]) -> list[Dra
     """`drafter.propose`, each draft cut to its input's k: a drafter may return fewer, never more."""
     drafts = drafter.propose(inputs)
     for inp, draft in zip(inputs, drafts):
-        del draft.tokens[inp.k :]
-        if draft.probs is not None:
-            del draft.probs[inp.k :]
+        draft.keep(range(min(inp.k, draft.k)) if draft.parents is None else within_depth(draft.parents, inp.k))
     return drafts
 
 
@@ -109,8 +111,14 @@ class ModelDrafter:
         lookup: NgramDrafter | None = None,
         max_guesses: int = 3,
         cheap_rows: int = 4,
+        tree: TreeShape | None = None,
     ):
         self.runner = runner
+        # Greedy and seeded requests draft a token tree of this shape (specdec/core/tree_drafting.py);
+        # None: chains.
+        self.tree = tree
+        # Per request drafting a chain with its runners-up, this round: each position's ranking.
+        self._ranked: dict[str, list[list[tuple[int, float]]]] = {}
         self.top_k_sent = top_k_sent
         self.lookup = lookup
         self.max_guesses = max_guesses  # per forward: a few more rows cost little in a memory-bound step
@@ -144,14 +152,15 @@ class ModelDrafter:
     def _pick(
         self, logits: torch.Tensor, inp: DraftInput, position: int
     ) -> tuple[int, tuple[list[int], list[float]] | None]:
-        if inp.mode is VerifyMode.GREEDY:
-            return int(torch.argmax(logits)), None
-        logq = process_logits(logits, inp.params)
-        if inp.mode is VerifyMode.INVARIANT:
-            noise = gumbel_noise(inp.params.seed, position, logq.shape[-1], device=logq.device)
-            return int(torch.argmax(logq + noise)), None
-        ids, probs = sparse_topk(logq, self.top_k_sent)
-        return sample_sparse(ids, probs, self.generators[inp.request_id]), (ids, probs)
+        if inp.mode is VerifyMode.REJECTION:
+            logq = process_logits(logits, inp.params)
+            ids, probs = sparse_topk(logq, self.top_k_sent)
+            return sample_sparse(ids, probs, self.generators[inp.request_id]), (ids, probs)
+        scores = pick_scores(logits, inp.params, inp.mode, position)
+        token = int(torch.argmax(scores))
+        if inp.request_id in self._ranked:  # a chain that becomes a tree: its runners-up too
+            self._ranked[inp.request_id].append(ranked(scores, token, self.tree.width))
+        return token, None
 
     def _guesses(self, inp: DraftInput, draft: Draft, limit: int, fed: int) -> list[int]:
         """Prompt-lookup tokens to feed after the `fed` tokens; all right gives one token more."""
@@ -178,6 +187,65 @@ class ModelDrafter:
             self.runner.forward(rows, feeds, num_logits=0)
 
     def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
+        if self.tree is None:
+            return self._chains(inputs)
+        trees = [b for b, i in enumerate(inputs) if i.mode is not VerifyMode.REJECTION]
+        if self.tree.expand == 0:  # the chain's own forwards, its runners-up as leaves
+            self._ranked = {inputs[b].request_id: [] for b in trees}
+            try:
+                drafts = self._chains(inputs)
+            finally:
+                ranked_by_id, self._ranked = self._ranked, {}
+            for b in trees:
+                ranks = ranked_by_id[inputs[b].request_id]
+                if drafts[b].tokens and len(ranks) == len(drafts[b].tokens):
+                    drafts[b] = branch_chain(drafts[b].tokens, ranks, self.tree.nodes)
+            return drafts
+        chains = [b for b in range(len(inputs)) if b not in set(trees)]
+        drafts: dict[int, Draft] = {}
+        if chains:
+            drafts.update(zip(chains, self._chains([inputs[b] for b in chains])))
+        if trees:
+            drafts.update(zip(trees, self._trees([inputs[b] for b in trees])))
+        return [drafts[b] for b in range(len(inputs))]
+
+    def _trees(self, inputs: Sequence[DraftInput]) -> list[Draft]:
+        """Token trees (greedy and seeded requests): one forward of each row's uncached committed
+        tokens, then a level per forward (specdec/core/tree_drafting.py)."""
+        drafts = [Draft(tokens=[]) for _ in inputs]
+        busy = {i.request_id for i in inputs}
+        rows, feeds, where = [], [], []
+        for b, inp in enumerate(inputs):
+            # The grown nodes are stored one after another past the committed tokens.
+            depth = min(inp.k, (self.runner.max_len - len(inp.tokens)) // self.tree.expand)
+            slot = self._slot(inp, busy) if depth > 0 else None
+            if slot is None:  # nothing to draft, or no slot free: fail open with an empty draft
+                continue
+            keep = min(self.runner.common_prefix(slot, inp.tokens), len(inp.tokens) - 1)
+            self.runner.rollback(slot, keep)
+            rows.append(TreeRow(slot, inp.tokens, inp.params, inp.mode, depth))
+            feeds.append(inp.tokens[keep:])
+            where.append(b)
+        if not rows:
+            return drafts
+        try:
+            roots = self._forward([r.slot for r in rows], feeds, [1] * len(rows))
+            grown = grow_trees(self.runner, rows, [logits[0] for logits in roots], self.tree)
+        except RunnerError as exc:  # a drafter problem never fails the request
+            log.warning("draft tree failed, proposing nothing this round: %s", exc)
+            for row in rows:
+                self.runner.rollback(row.slot, min(self.runner.lengths[row.slot], len(row.tokens) - 1))
+            return drafts
+        for b, row, draft in zip(where, rows, grown):
+            if self.lookup is not None:  # the prompt lookup's guess as one more branch, where it differs
+                guess = self.lookup.propose_one(row.tokens, row.depth).tokens
+                draft.tokens, draft.parents = merge_branches(draft.tokens, draft.parents, [(-1, guess)])
+                # A prompt-lookup guess the model did not draft: even odds per token.
+                draft.scores += [d * _LOOKUP_LOGP for d in depths(draft.parents)[len(draft.scores) :]]
+            drafts[b] = draft
+        return drafts
+
+    def _chains(self, inputs: Sequence[DraftInput]) -> list[Draft]:
         drafts = [Draft(tokens=[], probs=[] if i.mode is VerifyMode.REJECTION else None) for i in inputs]
         rows, feeds, guesses, limits = [], [], {}, {}
         busy = {i.request_id for i in inputs}

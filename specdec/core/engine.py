@@ -22,6 +22,7 @@ from specdec.core.prefill_plan import DEFAULT_BUDGET, DEFAULT_CHUNK, PrefillNeed
 from specdec.core.request_state import CostMeter, KPolicy, RequestState, RequestStats, new_request
 from specdec.core.runner import ModelRunner
 from specdec.core.target import TargetVerifier, VerifyItem
+from specdec.core.tree_size import TreeSizer, expected_tokens
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class SpecEngine:
         self.eos_token_ids = set(eos_token_ids)
         self.verify_mode = verify_mode
         self.cost = CostMeter(c=self.k_policy.cost_ratio)
+        self.tree_sizer = TreeSizer()
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.finished: dict[str, RequestState] = {}
@@ -147,17 +149,27 @@ class SpecEngine:
         t0 = time.perf_counter()
         drafts = propose_within_k(self.drafter, inputs)
         t1 = time.perf_counter()
+        trees = any(d.scores for d in drafts)
+        if trees:  # tree drafts cut to the nodes worth verifying (specdec/core/tree_size.py)
+            drafts = self.tree_sizer.cut(drafts, sum(1 + (0 if d.scores else d.k) for d in drafts), t1 - t0)
         results = self.verifier.verify([VerifyItem(r.id, r.tokens, r.params, r.mode, d) for r, d in zip(batch, drafts)])
+        if trees:
+            self.tree_sizer.observe(
+                sum(d.k + 1 for d in drafts),
+                time.perf_counter() - t1,
+                sum(expected_tokens(d) for d in drafts if d.scores),
+                sum(res.num_accepted for res, d in zip(results, drafts) if d.scores),
+            )
         if all(r.generated for r in batch):  # a first round holds the drafter's prefill: not a step
             self.cost.update(
                 t1 - t0,
-                max(len(d.tokens) for d in drafts),
+                max(d.depth for d in drafts),
                 time.perf_counter() - t1,
                 sum(len(d.tokens) + 1 for d in drafts),
             )
         outputs = []
         for req, draft, result in zip(batch, drafts, results):
-            committed = req.commit(result.tokens, result.num_accepted, len(draft.tokens), max_len)
+            committed = req.commit(result.tokens, result.num_accepted, draft.depth, max_len)
             outputs.append(StepOutput(req.id, committed, req.finish_reason))
             if req.finish_reason is not None:
                 self._finish(req, req.finish_reason)

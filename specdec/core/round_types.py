@@ -5,7 +5,10 @@ Torch-free: the gRPC conversion and the router use these types.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from specdec.core.token_tree import depths
 
 __all__ = ["Draft", "SparseDist", "VerifyResult"]
 
@@ -18,10 +21,39 @@ class Draft:
     # Per draft position, the sparse q (ids, probs) the token was sampled from (rejection mode).
     # None (or a position whose token is not in its ids) is verified as a point mass.
     probs: list[SparseDist] | None = None
+    # A token tree (specdec/core/token_tree.py): each token's parent among `tokens`, -1 for a child
+    # of the last committed token. None: a chain. Trees carry no probs (greedy and seeded modes).
+    parents: list[int] | None = None
+    # Per tree node, the log of the draft's probability of the path to it (how likely the target is
+    # to accept it): what the round's tree size is chosen by (specdec/core/tree_size.py).
+    scores: list[float] | None = None
 
     @property
     def k(self) -> int:
         return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        """Draft tokens on the longest path: what a round can accept at most."""
+        if self.parents is None:
+            return len(self.tokens)
+        return max(depths(self.parents), default=0)
+
+    def keep(self, nodes: Iterable[int]) -> Draft:
+        """Keep only the given nodes (of a tree: those whose parent is kept too), renumbered; in
+        place, so whoever holds the draft (a timing wrapper) sees what is verified. Returns it."""
+        index: dict[int, int] = {}
+        for i in sorted(set(nodes)):
+            parent = -1 if self.parents is None else self.parents[i]
+            if self.parents is None or parent < 0 or parent in index:
+                index[i] = len(index)
+        kept = list(index)
+        if self.parents is not None:
+            self.parents = [-1 if self.parents[i] < 0 else index[self.parents[i]] for i in kept]
+        self.tokens = [self.tokens[i] for i in kept]
+        self.probs = None if self.probs is None else [self.probs[i] for i in kept if i < len(self.probs)]
+        self.scores = None if self.scores is None else [self.scores[i] for i in kept]
+        return self
 
 
 @dataclass

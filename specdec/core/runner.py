@@ -193,6 +193,9 @@ class ModelRunner:
         self.alloc_kv_cache()
         self.lengths = [0] * num_slots
         self.slot_tokens: list[list[int]] = [[] for _ in range(num_slots)]
+        # Slots holding a token tree past their chain (specdec/core/tree_forward.py): slot ->
+        # (the chain's length, each stored node's parent).
+        self.trees: dict[int, tuple[int, list[int]]] = {}
         self._free = list(range(num_slots - 1, -1, -1))
 
     def _weights(self) -> list[torch.Tensor | PackedWeight]:
@@ -245,6 +248,7 @@ class ModelRunner:
         if not self._free:
             raise SlotsExhausted(f"all {self.num_slots} KV-cache slots are in use")
         slot = self._free.pop()
+        self.trees.pop(slot, None)
         self.lengths[slot] = 0
         self.slot_tokens[slot] = []
         return slot
@@ -252,6 +256,7 @@ class ModelRunner:
     def free_slot(self, slot: int) -> None:
         if slot in self._free:
             raise RunnerError(f"slot {slot} is already free")
+        self.trees.pop(slot, None)
         self.lengths[slot] = 0
         self.slot_tokens[slot] = []
         self._free.append(slot)
@@ -262,15 +267,16 @@ class ModelRunner:
 
     def rollback(self, slot: int, length: int) -> None:
         """Forget everything after the first `length` tokens of the slot (no copy, no recompute)."""
-        if not 0 <= length <= self.lengths[slot]:
+        if not 0 <= length <= self.lengths[slot] or length > self.trees.get(slot, (length, []))[0]:
             raise RunnerError(f"cannot roll slot {slot} back to {length} (length {self.lengths[slot]})")
+        self.trees.pop(slot, None)
         self.lengths[slot] = length
         del self.slot_tokens[slot][length:]
 
     def common_prefix(self, slot: int, tokens: Sequence[int]) -> int:
         """Length of the longest prefix of `tokens` already in the slot's cache."""
         cached = self.slot_tokens[slot]
-        n = min(len(cached), len(tokens))
+        n = min(len(cached), len(tokens), self.trees.get(slot, (len(cached), []))[0])  # a tree is no prefix
         i = 0
         while i < n and cached[i] == tokens[i]:
             i += 1
@@ -434,6 +440,8 @@ def _check_rows(
     lens = [len(t) for t in tokens]
     starts = [runner.lengths[s] for s in slots]
     for slot, start, n, k in zip(slots, starts, lens, n_logits):
+        if slot in runner.trees:
+            raise RunnerError(f"slot {slot} holds a token tree: keep a path or roll back first")
         if n == 0:
             raise RunnerError(f"slot {slot}: empty token list")
         if start + n > runner.max_len:

@@ -18,7 +18,9 @@ from specdec.core.round_types import Draft, VerifyResult
 from specdec.core.runner import ModelRunner, SlotsExhausted
 from specdec.core.sampling import make_generator
 from specdec.core.slots import SlotTable
-from specdec.core.verify import verify
+from specdec.core.token_tree import chain_parents
+from specdec.core.tree_forward import keep_path, tree_forward
+from specdec.core.verify import verify, verify_tree
 
 
 @dataclass
@@ -93,6 +95,8 @@ class TargetVerifier:
         if not items:
             return []
         kept = self._sync([(i.request_id, i.tokens, i.params) for i in items], [len(i.tokens) - 1 for i in items])
+        if any(i.draft.parents is not None for i in items):
+            return self._verify_trees(items, kept)
         feeds = [i.tokens[k:] + i.draft.tokens for i, k in zip(items, kept)]
         logits = self.runner.forward(
             [self.slots[i.request_id] for i in items],
@@ -112,6 +116,45 @@ class TargetVerifier:
             )
             # Keep the committed tokens and the accepted drafts; the target's own token is fed next round.
             self.runner.rollback(self.slots[item.request_id], len(item.tokens) + result.num_accepted)
+            results.append(result)
+        return results
+
+    def _verify_trees(self, items: Sequence[VerifyItem], kept: list[int]) -> list[VerifyResult]:
+        """A batch holding token trees: one tree forward of every row (a chain is a tree), the
+        uncached committed tokens as a chain above each draft's root (specdec/core/tree_forward.py)."""
+        rows, parents = [], []
+        for item, k in zip(items, kept):
+            feed = item.tokens[k:]
+            room = self.runner.max_len - len(item.tokens)  # nodes are stored one after another
+            if item.draft.k > room:
+                item.draft.keep(range(room))
+            own = item.draft.parents if item.draft.parents is not None else chain_parents(item.draft.k)
+            rows.append(feed + item.draft.tokens)
+            parents.append(chain_parents(len(feed)) + [len(feed) - 1 if p < 0 else p + len(feed) for p in own])
+        logits = tree_forward(
+            self.runner,
+            [self.slots[i.request_id] for i in items],
+            rows,
+            parents,
+            invariant=self._invariant(i.params for i in items),
+        )
+        results = []
+        for item, k, row_logits in zip(items, kept, logits):
+            fed = len(item.tokens) - k
+            own_logits = row_logits[fed - 1 :]
+            if item.draft.parents is None:
+                result = verify(
+                    own_logits,
+                    item.draft,
+                    item.params,
+                    item.mode,
+                    start_pos=len(item.tokens),
+                    generator=self.generators[item.request_id],
+                )
+                path = list(range(result.num_accepted))
+            else:
+                result, path = verify_tree(own_logits, item.draft, item.params, item.mode, start_pos=len(item.tokens))
+            keep_path(self.runner, self.slots[item.request_id], list(range(fed)) + [fed + i for i in path])
             results.append(result)
         return results
 

@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING
 from specdec.core.params import InvalidParams, SamplingParams, VerifyMode
 from specdec.core.round_types import Draft, SparseDist, VerifyResult
 from specdec.core.sampling import draw_from_probs, draw_uniforms, gumbel_noise, process_logits
+from specdec.core.token_tree import depths, walk
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["verify"]
+__all__ = ["verify", "verify_tree"]
 
 
 def _check_shapes(target_logits: torch.Tensor, draft: Draft) -> torch.Tensor:
@@ -140,3 +141,53 @@ def verify(
         return VerifyResult(tokens=list(tokens[:j]) + [y], num_accepted=j)
     y = draw_from_probs(logp[k].double().exp(), us[k])
     return VerifyResult(tokens=list(tokens) + [y], num_accepted=k)
+
+
+def verify_tree(
+    target_logits: torch.Tensor,
+    draft: Draft,
+    params: SamplingParams,
+    mode: VerifyMode,
+    *,
+    start_pos: int,
+) -> tuple[VerifyResult, list[int]]:
+    """Verify a token tree (``draft.parents``): logits [1 + nodes, V], row 0 after the committed
+    tokens, row 1 + i after node i. Returns the verdict and the accepted nodes, root first.
+
+    Greedy and seeded modes only: the target's token after any node is a function of its logits
+    (and of the position's noise), so accepting the path that matches it gives exactly the tokens
+    target-only decoding gives (docs/design.md, "Token trees")."""
+    import torch
+
+    mode = VerifyMode(mode)
+    if draft.parents is None or len(draft.parents) != len(draft.tokens):
+        raise ValueError("verify_tree: the draft is not a tree")
+    if target_logits.dim() != 2 or target_logits.shape[0] != len(draft.tokens) + 1:
+        raise ValueError(
+            f"verify_tree: expected logits of shape [1 + nodes, V] = [{len(draft.tokens) + 1}, V], "
+            f"got {tuple(target_logits.shape)}"
+        )
+    if mode is VerifyMode.GREEDY:
+        tgt = torch.argmax(target_logits, dim=-1).tolist()
+
+        def token_after(node: int) -> int:
+            return tgt[node + 1]
+
+    elif mode is VerifyMode.INVARIANT:
+        if params.seed is None:
+            raise InvalidParams("verify_mode", "'invariant' verification needs a seed")
+        logp = process_logits(target_logits, params)
+        depth = [0] + depths(draft.parents)
+        noise: dict[int, torch.Tensor] = {}
+
+        def token_after(node: int) -> int:
+            d = depth[node + 1]
+            if d not in noise:
+                noise[d] = gumbel_noise(params.seed, start_pos + d, logp.shape[-1], device=logp.device)
+            return int(torch.argmax(logp[node + 1] + noise[d]).item())
+
+    else:
+        raise InvalidParams("verify_mode", f"token trees are verified in greedy or invariant mode, not {mode.value!r}")
+    path, last = walk(draft.tokens, draft.parents, token_after)
+    accepted = [draft.tokens[i] for i in path]
+    return VerifyResult(tokens=accepted + [last], num_accepted=len(accepted)), path

@@ -12,6 +12,7 @@ from specdec.bench import summary as bench_summary
 from specdec.bench.config_names import FAMILIES
 from specdec.bench.stats import percentile
 from specdec.cli.bench import FAMILIES as CLI_FAMILIES
+from specdec.core.draft_options import DraftOptions
 from specdec.core.prompts import PromptSetError, load_humaneval, load_prompts
 from tests.conftest import skip_for_environment
 
@@ -40,14 +41,16 @@ SUMMARY_FIELDS = (
     "agreement_prefix_vs_specdec_target",
     "bound_baseline",
 )
-SPEC_DRAFTING = ("specdec_draft_k2", "specdec_draft_k3", "specdec_draft_adaptive", "specdec_ngram")
+SPEC_DRAFTING = ("specdec_draft_k2", "specdec_draft_k3", "specdec_draft_adaptive", "specdec_ngram", "specdec_default")
 
 
 @pytest.fixture(scope="module")
 def result(tiny_paths, tmp_path_factory):
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    options = bg.BenchOptions(max_tokens=8, dtype="float32", k=3, k_sweep=(2,), warmup=False)
+    # specdec_default drafts token trees here (its draft options); the other draft configs chains.
+    trees = DraftOptions(tree_width=2, tree_expand=1)
+    options = bg.BenchOptions(max_tokens=8, dtype="float32", k=3, k_sweep=(2,), warmup=False, draft_options=trees)
     return bg.run_benchmark(str(tiny_paths["llama"]), str(tiny_paths["llama-draft"]), str(path), options)
 
 
@@ -63,6 +66,7 @@ def test_every_config_has_the_fields(result):
         "specdec_draft_k3",
         "specdec_draft_adaptive",
         "specdec_ngram",
+        "specdec_default",
     ]
     summary = result["summary"]["configs"]
     assert list(summary) == names

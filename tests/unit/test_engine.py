@@ -13,6 +13,7 @@ from specdec.core.ngram import NgramDrafter
 from specdec.core.params import SamplingParams
 from specdec.core.round_types import VerifyResult
 from specdec.core.runner import ModelRunner
+from specdec.core.tree_drafting import TreeShape
 from tests.conftest import load_hf
 
 
@@ -37,6 +38,12 @@ def _engine(
     elif drafter_kind == "model-lookup":  # the draft model also checks prompt-lookup guesses
         drafter = ModelDrafter(
             ModelRunner(draft_model, num_slots=num_slots, max_len=max_len), lookup=NgramDrafter(min_ngram=1)
+        )
+    elif drafter_kind == "model-tree":  # a token tree: 2 nodes grown per level, 3 children each, + lookup
+        drafter = ModelDrafter(
+            ModelRunner(draft_model, num_slots=num_slots, max_len=max_len),
+            lookup=NgramDrafter(min_ngram=1),
+            tree=TreeShape(width=3, expand=2, nodes=10),
         )
     elif drafter_kind == "ngram":
         drafter = NgramProposer()
@@ -74,7 +81,7 @@ def _prompts(vocab_hi: int, lengths=(3, 11, 1, 24, 7), seed: int = 0) -> list[li
     return [torch.randint(0, vocab_hi, (n,), generator=gen).tolist() for n in lengths]
 
 
-@pytest.mark.parametrize("drafter", ["model", "model-lookup", "ngram", "none"])
+@pytest.mark.parametrize("drafter", ["model", "model-lookup", "model-tree", "ngram", "none"])
 def test_greedy_matches_transformers_tiny(tiny, drafter):
     prompts = _prompts(256)
     max_tokens = [5, 17, 32, 40, 9]
@@ -85,7 +92,12 @@ def test_greedy_matches_transformers_tiny(tiny, drafter):
     params[3] = SamplingParams(max_tokens=max_tokens[3], stop_token_ids=(stop_id,))
     # Fewer slots than requests: continuous admission as others finish.
     engine = _engine(tiny["target"], tiny["tokenizer"], drafter, tiny["draft"], k=4, num_slots=3)
+    proposed = []
+    propose = engine.drafter.propose
+    engine.drafter.propose = lambda inputs: proposed.extend(drafts := propose(inputs)) or drafts
     results = engine.generate(prompts, params)
+    if drafter == "model-tree":  # trees were verified, not chains
+        assert any(d.parents is not None and d.depth < d.k for d in proposed)
     for i, (res, ref) in enumerate(zip(results, refs)):
         if i == 3:
             ref = ref[: ref.index(stop_id) + 1]
@@ -125,8 +137,26 @@ def test_broken_verifier_is_caught(tiny, monkeypatch):
     assert [r.token_ids for r in results] != refs
 
 
+def test_broken_tree_verifier_is_caught(tiny, monkeypatch):
+    """A tree verifier that takes the deepest path whatever the target says breaks the comparison."""
+    from specdec.core.token_tree import leaf_paths
+
+    def deepest(logits, draft, params, mode, *, start_pos):
+        path = max(leaf_paths(draft.parents), key=len)
+        last = int(torch.argmax(logits[path[-1] + 1]))
+        return VerifyResult(tokens=[draft.tokens[i] for i in path] + [last], num_accepted=len(path)), path
+
+    monkeypatch.setattr(target_module, "verify_tree", deepest)
+    prompts = _prompts(256, lengths=(4, 9))
+    refs = [_hf_greedy(tiny["target"], p, 24) for p in prompts]
+    engine = _engine(tiny["target"], tiny["tokenizer"], "model-tree", tiny["draft"], k=4)
+    results = engine.generate(prompts, SamplingParams(max_tokens=24))
+    assert [r.token_ids for r in results] != refs
+
+
 @pytest.mark.parametrize(
-    "drafter,k", [("model", 1), ("model", 3), ("model", 7), ("model-lookup", 5), ("ngram", 3), ("none", 0)]
+    "drafter,k",
+    [("model", 1), ("model", 3), ("model", 7), ("model-lookup", 5), ("model-tree", 4), ("ngram", 3), ("none", 0)],
 )
 def test_invariant_sampling_is_identical_for_any_drafter_and_k(tiny, drafter, k):
     prompts = _prompts(256, lengths=(6, 2, 15), seed=5)
@@ -178,7 +208,7 @@ def smollm(smollm_path):
     return {"target": target, "draft": draft, "tokenizer": AutoTokenizer.from_pretrained(smollm_path)}
 
 
-@pytest.mark.parametrize("drafter", ["model", "model-cheap", "model-lookup", "ngram", "none"])
+@pytest.mark.parametrize("drafter", ["model", "model-cheap", "model-lookup", "model-tree", "ngram", "none"])
 def test_greedy_matches_transformers_smollm(smollm, drafter):
     tok = smollm["tokenizer"]
     texts = ["def fibonacci(n):", "The capital of France is", "1, 2, 3, 4, 5,"]
