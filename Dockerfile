@@ -47,8 +47,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     SPECDEC_CACHE=/models \
     HF_HUB_OFFLINE=1
 
-# The venv stays root's: read-only to the runtime user (pack wheels go to the models volume,
-# PIP_TARGET in k8s/specdec/templates/_models.tpl). KubeRay runs its commands in a login shell,
+# The venv stays root's: read-only to the runtime user (pack wheels go to the model cache,
+# $SPECDEC_CACHE/.wheels: specdec/core/pack_prepare.py). KubeRay runs its commands in a login shell,
 # which resets PATH from /etc/profile: profile.d puts the venv back ($PATH in single quotes on
 # purpose: expanded at login).
 # rsync and ssh: `ray up` with a `docker:` section (cluster/*-docker.yaml) copies files into the

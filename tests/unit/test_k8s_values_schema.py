@@ -2,11 +2,13 @@
 `helm template` (rendered here through Helm's own engine, helm-python-sdk), so a typo'd or
 mistyped value fails the render instead of being ignored.
 
-* The schema is a valid draft-07 schema; the chart's values.yaml and every overlay satisfy it.
+* The schema is a valid draft 2020-12 schema; the chart's values.yaml and every overlay satisfy it.
 * Closed wherever the chart's structure is fixed (`additionalProperties: false`); open only where
   the value is Kubernetes' own (affinity, resources' quantities, env and volume entries, labels)
-  or the serve config (`serve`, checked against the serve config's own model instead).
-* Broken values fail the render: a misspelt key at each level, a wrong type, a value outside an enum.
+  Its `serve` is the serve config's own schema (`specdec config schema`, kept in step by
+  scripts/chart_schema.py: tests/unit/test_chart_serve_schema.py).
+* Broken values fail the render: a misspelt key at each level (under `serve` too), a wrong type, a
+  value outside an enum.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tests.unit.test_k8s_manifests import K8S, OVERLAYS, render_k8s, rendered
 
 SCHEMA_FILE = K8S / "specdec" / "values.schema.json"
 # Paths (dotted; [] for list items) whose objects are open on purpose.
-OPEN = {"serve", "head.affinity", "gateway.affinity", "draft.affinity", "target.affinity"}
+OPEN = {"head.affinity", "gateway.affinity", "draft.affinity", "target.affinity"}
 
 
 def schema() -> dict:
@@ -44,12 +46,12 @@ def open_objects(node: dict, path: str = "") -> list[str]:
 
 def test_schema_is_valid_and_closed():
     s = schema()
-    jsonschema.Draft7Validator.check_schema(s)
+    jsonschema.Draft202012Validator.check_schema(s)
     assert set(open_objects(s)) == OPEN
 
 
 def test_values_and_overlays_satisfy_it():
-    validator = jsonschema.Draft7Validator(schema())
+    validator = jsonschema.Draft202012Validator(schema())
     defaults = yaml.safe_load((K8S / "specdec" / "values.yaml").read_text())
     for name, (values_file, overrides) in OVERLAYS.items():
         values = yaml.safe_load(values_file.read_text()) if values_file else {}
@@ -79,6 +81,11 @@ BROKEN = {
     "networkPolicy typo": {"networkPolicy": {"enable": False}},
     "tolerations as a map": {"target": {"tolerations": {"key": "x"}}},
     "PDB typo": {"disruptionBudgets": {"head": {"maxUnavailble": 1}}},
+    "serve typo at its top": {"serve": {"routr": {}}},
+    "serve typo in a section": {"serve": {"router": {"max_queu": 3}}},
+    "serve typo in a pool": {"serve": {"target": {"replcas": 2}}},
+    "serve value of a wrong type": {"serve": {"target": {"replicas": "two"}}},
+    "serve value outside its enum": {"serve": {"target": {"dtype": "float8"}}},
 }
 
 
@@ -88,8 +95,6 @@ def test_broken_values_fail_the_render(case):
         rendered("gpu", **BROKEN[case])
 
 
-def test_serve_section_stays_free():
-    """The serve config has its own model (and its own strict parser): the chart schema leaves it open."""
-    docs = rendered("gpu", serve={"router": {"some_future_knob": 1}})
-    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-serve")]
-    assert yaml.safe_load(cm["data"]["serve.yaml"])["router"]["some_future_knob"] == 1
+def test_a_serve_typo_names_its_path():
+    with pytest.raises(HelmValuesError, match="at '/serve/router': additional properties 'max_queu' not allowed"):
+        rendered("gpu", serve={"router": {"max_queu": 3}})

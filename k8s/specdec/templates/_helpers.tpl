@@ -34,9 +34,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "specdec.baseEnv" -}}
 - name: SPECDEC_CACHE
   value: {{ .Values.models.mountPath | quote }}
-# Pack wheels are installed into the models volume, not the image's read-only venv (_models.tpl).
-- name: PYTHONPATH
-  value: {{ include "specdec.wheelDir" . | quote }}
 - name: HF_HOME
   value: {{ printf "%s/.hf" .Values.models.mountPath | quote }}
 # The root filesystem is read-only: caches that libraries keep under ~ go to the tmp volume.

@@ -8,12 +8,6 @@ What is prepared goes to the writable cache volume at models.mountPath (SPECDEC_
 per pod or a shared claim, so a node (or the whole cluster) prepares a model once.
 */ -}}
 
-{{/* Where `specdec models prepare` pip-installs pack wheels (PIP_TARGET): the cache volume, as
-     the image's venv is read-only. PYTHONPATH names it for every specdec process. */}}
-{{- define "specdec.wheelDir" -}}
-{{ printf "%s/.wheels" .Values.models.mountPath }}
-{{- end }}
-
 {{/* The cache volume: a shared PVC, or an emptyDir per pod; and the read-only source volume. */}}
 {{- define "specdec.modelsVolume" -}}
 - name: models
@@ -83,10 +77,6 @@ per pod or a shared claim, so a node (or the whole cluster) prepares a model onc
     - name: HF_HUB_OFFLINE         # the hub only for a hub id
       value: {{ ternary "0" "1" (eq (include "specdec.fromHub" .packs) "true") | quote }}
     {{- include "specdec.baseEnv" .root | nindent 4 }}
-    - name: PIP_TARGET
-      value: {{ include "specdec.wheelDir" .root | quote }}
-    - name: PIP_UPGRADE            # --target keeps an older version in place without it
-      value: "1"
     {{- with $m.hfToken.secretName }}
     - name: HF_TOKEN               # this container only: nothing else talks to the hub
       valueFrom:
