@@ -173,9 +173,6 @@ def build_draft_servicer(config: WorkerConfig | dict) -> DraftServicer:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     options = draft_options_from_dict(cfg.draft_options)
-    if options.tree_width > 1:
-        # The worker protocol carries chains: a tree's nodes would reach the target as one chain.
-        raise ValueError("draft_options.tree_width: token trees run in the single-process engine only (1 here)")
     loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     drafter: ModelDrafter = make_model_drafter(loaded, cfg.num_slots, cfg.max_len, options)
     drafter.top_k_sent = cfg.top_k_sent

@@ -32,6 +32,8 @@ from router.workers import WorkerUnavailable
 from specdec.core.ngram import NgramDrafter
 from specdec.core.params import VerifyMode
 from specdec.core.round_types import Draft
+from specdec.core.token_tree import within_depth
+from specdec.core.tree_size import TreeSizer, expected_tokens
 from specdec.rpc import worker_pb2
 from specdec.rpc.convert import draft_from_proto, sequence_to_proto
 
@@ -70,6 +72,7 @@ class DraftSource:
         self.spawn = spawn
         self.ngram = NgramDrafter(max_ngram=config.ngram_max, min_ngram=config.ngram_min)
         self.verify_ema: float | None = None  # recent Verify wall time (s), for the draft deadline
+        self.tree_sizer = TreeSizer()  # how many nodes of the drafters' token trees a round verifies
 
     @property
     def available(self) -> bool:
@@ -78,8 +81,15 @@ class DraftSource:
             return False
         return self.cfg.rebalance.enabled or self.pool.client(self.home) is not None
 
-    def observe_verify(self, seconds: float) -> None:
+    def observe_verify(self, seconds: float, drafts: list[Draft], accepted: list[int]) -> None:
         self.verify_ema = seconds if self.verify_ema is None else 0.8 * self.verify_ema + 0.2 * seconds
+        if any(d.scores for d in drafts):
+            self.tree_sizer.observe(
+                sum(d.k + 1 for d in drafts),
+                seconds,
+                sum(expected_tokens(d) for d in drafts if d.scores),
+                sum(n for d, n in zip(drafts, accepted) if d.scores),
+            )
 
     def fail_open(self, job: Job, reason: str) -> None:
         job.state.stats.fail_open_rounds += 1
@@ -134,6 +144,8 @@ class DraftSource:
         except Exception as exc:  # noqa: BLE001 - a bad draft fails open
             log.warning("discarding a bad draft: %s", exc)
             return None
+        if d.parents is not None:  # a token tree: its nodes within depth k (never a pre-draft's)
+            return None if offset else d.keep(within_depth(d.parents, k))
         tokens = d.tokens[offset : offset + k]
         probs = d.probs[offset : offset + k] if d.probs is not None else None
         return Draft(tokens=tokens, probs=probs)
@@ -200,7 +212,10 @@ class DraftSource:
                     self.fail_open(batch[i], reason or "unavailable")
                 else:
                     drafts[i] = d
-        return drafts, clock.now() - t0
+        wait = clock.now() - t0
+        if any(d.scores for d in drafts):  # trees cut to the nodes worth verifying (specdec/core/tree_size.py)
+            self.tree_sizer.cut(drafts, sum(1 + (0 if d.scores else d.k) for d in drafts), wait)
+        return drafts, wait
 
     def _call(self, name: str, idx: list[int], batch: list[Job], ks: list[int]):
         """Start one Propose on ``name`` for ``idx`` (or not, when it is busy with a late one)."""
@@ -256,8 +271,8 @@ class DraftSource:
         groups: dict[str, tuple[list[int], list[worker_pb2.Sequence], list[bool]]] = {}
         rooms: dict[str, int | None] = {}  # draft steps a pre-draft may take on each drafter
         for i, (job, k, d) in enumerate(zip(batch, ks, drafts)):
-            if job.spec != "draft" or k <= 0 or len(d.tokens) != k or job.drafter is None:
-                continue
+            if job.spec != "draft" or k <= 0 or d.parents is not None or len(d.tokens) != k or job.drafter is None:
+                continue  # the all-accepted guess of a chain (a tree has no one such guess)
             client = self.pool.client(job.drafter)
             if client is None or not client.up or self.pool.is_late(job.drafter):
                 continue

@@ -233,6 +233,12 @@ class Metrics:
         self.batch_size = Histogram(
             "specdec_round_batch_size", "Requests per round", buckets=_BATCH_BUCKETS, registry=r
         )
+        self.tree_nodes = Histogram(
+            "specdec_draft_tree_nodes",
+            "Nodes of a token tree sent for verification (its depth counts as drafted tokens)",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
         self.drafted = Counter("specdec_drafted_tokens", "Draft tokens sent for verification", registry=r)
         self.accepted = Counter("specdec_accepted_tokens", "Draft tokens accepted by the target", registry=r)
         self.drafted_pos = Counter(
@@ -404,7 +410,11 @@ class Metrics:
         self.prefilling_propose_steps.inc(steps)
         self.prefilling_propose_tokens.inc(tokens)
 
-    def record_draft(self, drafted: int, accepted: int) -> None:
+    def record_draft(self, drafted: int, accepted: int, tree_nodes: int | None = None) -> None:
+        """A verified draft: `drafted` tokens deep (a chain's length, a tree's depth), `accepted` of
+        them taken; a tree's nodes too."""
+        if tree_nodes is not None:
+            self.tree_nodes.observe(tree_nodes)
         if drafted <= 0:
             return
         self._drafted_n += drafted

@@ -387,8 +387,8 @@ class TargetScheduler:
         self.balance.log_round(batch, ks, [len(d.tokens) for d in drafts], draft_wait, t2 - t1, compute)
         if not any(isinstance(o, BaseException) for o in outcomes):
             dt = t2 - t1
-            self.drafting.observe_verify(dt)
-            steps = max((len(d.tokens) for j, d in zip(batch, drafts) if j.spec == "draft"), default=0)
+            self.drafting.observe_verify(dt, drafts, [getattr(o, "num_accepted", 0) for o in outcomes])
+            steps = max((d.depth for j, d in zip(batch, drafts) if j.spec == "draft"), default=0)
             if not prefills:  # the worker's own time: with two lanes the wall holds the other lane's call
                 busy = compute if compute is not None else dt
                 self.cost.update(draft_wait, steps, busy, sum(len(d.tokens) + 1 for d in drafts))
@@ -416,8 +416,8 @@ class TargetScheduler:
 
     def _commit(self, job: Job, draft: Draft, out: worker_pb2.VerifyOutcome) -> None:
         tokens, n_acc = list(out.tokens), int(out.num_accepted)
-        k = len(draft.tokens)
-        if not (0 <= n_acc <= k and len(tokens) == n_acc + 1 and tokens[:n_acc] == draft.tokens[:n_acc]):
+        k = draft.depth
+        if not (0 <= n_acc <= k and len(tokens) == n_acc + 1 and draft.holds(tokens[:n_acc])):
             self._fail(
                 job,
                 RpcStatusError(
@@ -430,7 +430,7 @@ class TargetScheduler:
             return
         st = job.state
         committed = st.commit(tokens, n_acc, k, self.max_context)
-        self.metrics.record_draft(k, min(n_acc, len(committed)))
+        self.metrics.record_draft(k, min(n_acc, len(committed)), None if draft.parents is None else draft.k)
         self.balance.observe_outcome(k, n_acc)
         now = clock.now()
         if committed:

@@ -31,6 +31,9 @@ from specdec.rpc.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
+# Nodes of one token tree (a forward's rows): sparse trees of this size beat larger dense ones
+# (Medusa); the router sends far fewer on a CPU (specdec/core/tree_size.py).
+MAX_TREE_NODES = 64
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 
 __all__ = ["SERVICE_NAME", "TargetServicer", "build_target_servicer", "target_servicer"]
@@ -144,9 +147,10 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         vocab = self.runner.vocab_size
         items = []
         for item in request.items:
-            if len(item.draft.tokens) > self.max_k:
+            most = MAX_TREE_NODES if item.draft.parents else self.max_k
+            if len(item.draft.tokens) > most:
                 n = len(item.draft.tokens)
-                raise InvalidParams("items.draft.tokens", f"{n} draft tokens; this worker takes at most {self.max_k}")
+                raise InvalidParams("items.draft.tokens", f"{n} draft tokens; this worker takes at most {most}")
             seq = sequence_from_proto(item.sequence, vocab, "items.sequence")
             if item.draft.request_id and item.draft.request_id != seq.request_id:
                 raise InvalidParams(
@@ -154,7 +158,11 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
                     f"draft for {item.draft.request_id!r} sent with sequence {seq.request_id!r}",
                 )
             draft = draft_from_proto(item.draft, vocab, "items.draft")
-            self._check_context(seq, len(draft.tokens), "items")
+            if draft.depth > self.max_k:
+                raise InvalidParams(
+                    "items.draft.parents", f"a tree {draft.depth} deep; this worker takes at most {self.max_k}"
+                )
+            self._check_context(seq, len(draft.tokens), "items")  # a tree's nodes are stored one after another
             items.append(VerifyItem(seq.request_id, seq.tokens, seq.params, seq.mode, draft))
         _unique_ids((i.request_id for i in items), "items.sequence.request_id")
         if not items:

@@ -5,7 +5,7 @@ Torch-free: the gRPC conversion and the router use these types.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from specdec.core.token_tree import depths
@@ -38,6 +38,17 @@ class Draft:
         if self.parents is None:
             return len(self.tokens)
         return max(depths(self.parents), default=0)
+
+    def holds(self, accepted: Sequence[int]) -> bool:
+        """Whether `accepted` is a prefix of the chain, or the tokens of a path of the tree from its root."""
+        if self.parents is None:
+            return list(accepted) == self.tokens[: len(accepted)]
+        node = -1
+        for t in accepted:
+            node = next((i for i, p in enumerate(self.parents) if p == node and self.tokens[i] == t), None)
+            if node is None:
+                return False
+        return True
 
     def keep(self, nodes: Iterable[int]) -> Draft:
         """Keep only the given nodes (of a tree: those whose parent is kept too), renumbered; in

@@ -106,14 +106,7 @@ class TargetVerifier:
         )
         results = []
         for item, row_logits in zip(items, logits):
-            result = verify(
-                row_logits,
-                item.draft,
-                item.params,
-                item.mode,
-                start_pos=len(item.tokens),
-                generator=self.generators[item.request_id],
-            )
+            result, _ = self._verdict(item, row_logits)
             # Keep the committed tokens and the accepted drafts; the target's own token is fed next round.
             self.runner.rollback(self.slots[item.request_id], len(item.tokens) + result.num_accepted)
             results.append(result)
@@ -141,22 +134,25 @@ class TargetVerifier:
         results = []
         for item, k, row_logits in zip(items, kept, logits):
             fed = len(item.tokens) - k
-            own_logits = row_logits[fed - 1 :]
-            if item.draft.parents is None:
-                result = verify(
-                    own_logits,
-                    item.draft,
-                    item.params,
-                    item.mode,
-                    start_pos=len(item.tokens),
-                    generator=self.generators[item.request_id],
-                )
-                path = list(range(result.num_accepted))
-            else:
-                result, path = verify_tree(own_logits, item.draft, item.params, item.mode, start_pos=len(item.tokens))
+            result, path = self._verdict(item, row_logits[fed - 1 :])
             keep_path(self.runner, self.slots[item.request_id], list(range(fed)) + [fed + i for i in path])
             results.append(result)
         return results
+
+    def _verdict(self, item: VerifyItem, logits: torch.Tensor) -> tuple[VerifyResult, list[int]]:
+        """The verdict on an item's draft from the logits after its last committed token, and the
+        accepted draft nodes (of a chain, its first ones)."""
+        if item.draft.parents is not None:
+            return verify_tree(logits, item.draft, item.params, item.mode, start_pos=len(item.tokens))
+        result = verify(
+            logits,
+            item.draft,
+            item.params,
+            item.mode,
+            start_pos=len(item.tokens),
+            generator=self.generators[item.request_id],
+        )
+        return result, list(range(result.num_accepted))
 
     def _invariant(self, params: Iterable[SamplingParams]) -> bool:
         # The fast forward costs less (float32 CPU decode above all: docs/results.md, "Lossless output

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from specdec.core.params import InvalidParams, SamplingParams, VerifyMode, choose_mode
 from specdec.core.round_types import Draft, VerifyResult
+from specdec.core.token_tree import check_parents
 from specdec.rpc import generate_pb2, worker_pb2
 
 __all__ = [
@@ -241,15 +242,38 @@ def sequence_from_proto(
 # ---- drafts and outcomes ---------------------------------------------------------------------
 
 
+def _tree_from_proto(m: worker_pb2.Draft, tokens: list[int], field: str) -> Draft:
+    """A token tree: a parent per token, each -1 or an earlier token; scores none or one per token."""
+    parents = [int(p) for p in m.parents]
+    try:
+        check_parents(parents, len(tokens))
+    except ValueError as exc:
+        raise InvalidParams(f"{field}.parents", str(exc)) from None
+    if m.dists:
+        raise InvalidParams(f"{field}.dists", "a token tree carries no distributions (greedy and seeded modes)")
+    scores = [float(x) for x in m.scores]
+    if scores and (len(scores) != len(tokens) or not all(math.isfinite(x) and x <= 0 for x in scores)):
+        raise InvalidParams(f"{field}.scores", "one log-probability (finite, <= 0) per tree token, or none")
+    return Draft(tokens=tokens, parents=parents, scores=scores or None)
+
+
 def draft_to_proto(request_id: str, draft: Draft) -> worker_pb2.Draft:
     dists = [worker_pb2.SparseDist(ids=list(ids), probs=list(probs)) for ids, probs in (draft.probs or [])]
-    return worker_pb2.Draft(request_id=request_id, tokens=list(draft.tokens), dists=dists)
+    return worker_pb2.Draft(
+        request_id=request_id,
+        tokens=list(draft.tokens),
+        dists=dists,
+        parents=list(draft.parents or ()),
+        scores=list(draft.scores or ()),
+    )
 
 
 def draft_from_proto(m: worker_pb2.Draft, vocab_size: int | None = None, field: str = "draft") -> Draft:
     """Decode and validate a draft; empty ``dists`` -> ``probs=None`` (verified as point masses)."""
     tokens = list(m.tokens)
     check_token_ids(tokens, vocab_size, f"{field}.tokens")
+    if m.parents or m.scores:
+        return _tree_from_proto(m, tokens, field)
     if not m.dists:
         return Draft(tokens=tokens, probs=None)
     if len(m.dists) != len(tokens):

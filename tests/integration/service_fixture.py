@@ -53,11 +53,13 @@ class Service:
 
 
 @contextmanager
-def running_service(actor_reaper, tiny_paths, security=None, credentials=None, models=None, **router_config):
+def running_service(
+    actor_reaper, tiny_paths, security=None, credentials=None, models=None, draft_options=None, **router_config
+):
     """Start the workers and the router (``router_config`` overrides the test defaults; ``security``:
     a SecurityConfig for the public port, ``credentials`` the client's; ``models``: (name, target
     path, draft path) instead of the tiny pair); stop the router at the end (the actors go with
-    ``actor_reaper``)."""
+    ``actor_reaper``); ``draft_options``: the draft worker's (DraftOptions fields)."""
     name, target_path, draft_path = models or (MODEL, tiny_paths["llama"], tiny_paths["llama-draft"])
     from draft_worker.actor import spawn_draft_worker
     from router.config import RouterConfig
@@ -66,7 +68,7 @@ def running_service(actor_reaper, tiny_paths, security=None, credentials=None, m
     from target_worker.actor import spawn_target_worker
 
     target = spawn_target_worker(worker_config(target_path))
-    draft = spawn_draft_worker(worker_config(draft_path))
+    draft = spawn_draft_worker({**worker_config(draft_path), "draft_options": draft_options})
     actor_reaper.extend([target, draft])
     config = {
         "port": 0,

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from draft_worker.servicer import build_draft_servicer
 from specdec.core.draft_options import draft_options_from_dict
 from specdec.core.drafters import DraftInput, ModelDrafter, propose_within_k
 from specdec.core.params import SamplingParams, VerifyMode
@@ -113,6 +112,3 @@ def test_tree_options_are_checked():
     for bad in ({"tree_width": 0}, {"tree_nodes": "8"}, {"tree_expand": -1}, {"tree_width": True}):
         with pytest.raises(ValueError, match="tree_"):
             draft_options_from_dict(bad)
-    # The worker protocol carries chains: a draft worker refuses trees before loading anything.
-    with pytest.raises(ValueError, match="tree_width"):
-        build_draft_servicer({"model": "no-such-model", "draft_options": {"tree_width": 2}})

@@ -39,6 +39,17 @@ def _chain_logits(model, prompt: list[int], path_tokens: list[int]) -> torch.Ten
     return torch.cat([runner.forward([slot], [[t]])[0] for t in path_tokens])
 
 
+def _tree_in_cache(model):
+    """A runner whose slot holds a 30-token prompt and TREE_PARENTS' tree after it."""
+    vocab = model.config.vocab_size
+    prompt, tree = _tokens(vocab, 30, 5), _tokens(vocab, len(TREE_PARENTS), 6)
+    runner = ModelRunner(model, num_slots=1, max_len=128)
+    slot = runner.alloc_slot()
+    runner.forward([slot], [prompt], num_logits=0)
+    tree_forward(runner, [slot], [tree], [TREE_PARENTS])
+    return runner, slot, prompt, tree
+
+
 def test_every_node_has_its_chain_logits(model):
     vocab = model.config.vocab_size
     prompts = [_tokens(vocab, 21, 1), _tokens(vocab, 70, 2)]  # the second crosses a key block
@@ -57,11 +68,7 @@ def test_every_node_has_its_chain_logits(model):
 
 def test_keep_path_leaves_the_chain_in_the_cache(model):
     vocab = model.config.vocab_size
-    prompt, tree = _tokens(vocab, 30, 5), _tokens(vocab, len(TREE_PARENTS), 6)
-    runner = ModelRunner(model, num_slots=1, max_len=128)
-    slot = runner.alloc_slot()
-    runner.forward([slot], [prompt], num_logits=0)
-    tree_forward(runner, [slot], [tree], [TREE_PARENTS])
+    runner, slot, prompt, tree = _tree_in_cache(model)
     path = [0, 1, 7, 8]  # root, then a branch whose nodes sit apart from their depths
     keep_path(runner, slot, path)
     assert runner.lengths[slot] == len(prompt) + len(path)
@@ -74,12 +81,7 @@ def test_keep_path_leaves_the_chain_in_the_cache(model):
 def test_a_wrong_place_in_the_cache_is_caught(tiny_paths):
     """The check above can fail: keys kept at tree places instead of chain places give other logits."""
     model = load_hf(tiny_paths["llama"])
-    vocab = model.config.vocab_size
-    prompt, tree = _tokens(vocab, 30, 5), _tokens(vocab, len(TREE_PARENTS), 6)
-    runner = ModelRunner(model, num_slots=1, max_len=128)
-    slot = runner.alloc_slot()
-    runner.forward([slot], [prompt], num_logits=0)
-    tree_forward(runner, [slot], [tree], [TREE_PARENTS])
+    runner, slot, prompt, tree = _tree_in_cache(model)
     path = [0, 1, 7, 8]
     runner.trees.pop(slot)  # the lengths of the path, without moving its keys
     runner.lengths[slot] = len(prompt) + len(path)

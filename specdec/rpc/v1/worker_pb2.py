@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from specdec.rpc.v1 import generate_pb2 as specdec_dot_v1_dot_generate__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/worker.proto\x12\nspecdec.v1\x1a\x19specdec/v1/generate.proto\"c\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x10\n\x08has_seed\x18\x04 \x01(\x08\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"\x8b\x01\n\x08Sequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12$\n\x04mode\x18\x04 \x01(\x0e\x32\x16.specdec.v1.VerifyMode\x12\t\n\x01k\x18\x05 \x01(\x05\"(\n\nSparseDist\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"R\n\x05\x44raft\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12%\n\x05\x64ists\x18\x03 \x03(\x0b\x32\x16.specdec.v1.SparseDist\"9\n\x0eProposeRequest\x12\'\n\tsequences\x18\x01 \x03(\x0b\x32\x14.specdec.v1.Sequence\"4\n\x0fProposeResponse\x12!\n\x06\x64rafts\x18\x01 \x03(\x0b\x32\x11.specdec.v1.Draft\"9\n\x0ePrefillRequest\x12\'\n\tsequences\x18\x01 \x03(\x0b\x32\x14.specdec.v1.Sequence\";\n\x0ePrefillOutcome\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rcached_tokens\x18\x02 \x01(\x05\"?\n\x0fPrefillResponse\x12,\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1a.specdec.v1.PrefillOutcome\"V\n\nVerifyItem\x12&\n\x08sequence\x18\x01 \x01(\x0b\x32\x14.specdec.v1.Sequence\x12 \n\x05\x64raft\x18\x02 \x01(\x0b\x32\x11.specdec.v1.Draft\"6\n\rVerifyRequest\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.specdec.v1.VerifyItem\"I\n\rVerifyOutcome\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\x05\"=\n\x0eVerifyResponse\x12+\n\x08outcomes\x18\x01 \x03(\x0b\x32\x19.specdec.v1.VerifyOutcome\"%\n\x0eReleaseRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"\\\n\x13TokenizeTextRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x63hat\x18\x02 \x01(\x08\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\")\n\x14TokenizeTextResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\r\n\x0bInfoRequest\"\xbd\x02\n\nWorkerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x13\n\x0bmax_context\x18\x05 \x01(\x05\x12\x12\n\nvocab_size\x18\x06 \x01(\x05\x12\x11\n\tnum_slots\x18\x07 \x01(\x05\x12\x12\n\nfree_slots\x18\x08 \x01(\x05\x12\x15\n\reos_token_ids\x18\t \x03(\x05\x12\x19\n\x11has_chat_template\x18\n \x01(\x08\x12.\n\ttelemetry\x18\x0b \x01(\x0b\x32\x1b.specdec.v1.DeviceTelemetry\x12\x1d\n\x15tokenizer_fingerprint\x18\x0c \x01(\t\x12\x11\n\tplacement\x18\r \x01(\t\x12\x0f\n\x07\x65victed\x18\x0e \x01(\x03\"\x15\n\x13GetTokenizerRequest\"\xb2\x01\n\x14GetTokenizerResponse\x12\x16\n\x0etokenizer_json\x18\x01 \x01(\t\x12\x15\n\rchat_template\x18\x02 \x01(\t\x12\x19\n\x11special_token_ids\x18\x03 \x03(\x05\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\x12$\n\x1c\x63lean_up_tokenization_spaces\x18\x06 \x01(\x08\"\xc6\x04\n\x0f\x44\x65viceTelemetry\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04time\x18\x04 \x01(\x01\x12\x10\n\x08window_s\x18\x05 \x01(\x01\x12\x18\n\x0butilization\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x1f\n\x12memory_utilization\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\tsm_active\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x19\n\x0csm_occupancy\x18\t \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11memory_used_bytes\x18\n \x01(\x04H\x04\x88\x01\x01\x12\x1f\n\x12memory_total_bytes\x18\x0b \x01(\x04H\x05\x88\x01\x01\x12\x14\n\x07power_w\x18\x0c \x01(\x01H\x06\x88\x01\x01\x12\x1a\n\rpower_limit_w\x18\r \x01(\x01H\x07\x88\x01\x01\x12\x11\n\x04\x62usy\x18\x0e \x01(\x01H\x08\x88\x01\x01\x12\x16\n\trss_bytes\x18\x0f \x01(\x04H\t\x88\x01\x01\x12\x14\n\x07threads\x18\x10 \x01(\rH\n\x88\x01\x01\x12\x0f\n\x07missing\x18\x11 \x03(\tB\x0e\n\x0c_utilizationB\x15\n\x13_memory_utilizationB\x0c\n\n_sm_activeB\x0f\n\r_sm_occupancyB\x14\n\x12_memory_used_bytesB\x15\n\x13_memory_total_bytesB\n\n\x08_power_wB\x10\n\x0e_power_limit_wB\x07\n\x05_busyB\x0c\n\n_rss_bytesB\n\n\x08_threads2\x93\x02\n\x0c\x44raftService\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12\x42\n\x07Prefill\x12\x1a.specdec.v1.PrefillRequest\x1a\x1b.specdec.v1.PrefillResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x37\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x16.specdec.v1.WorkerInfo2\xb3\x03\n\rTargetService\x12\x42\n\x07Prefill\x12\x1a.specdec.v1.PrefillRequest\x1a\x1b.specdec.v1.PrefillResponse\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12M\n\x08Tokenize\x12\x1f.specdec.v1.TokenizeTextRequest\x1a .specdec.v1.TokenizeTextResponse\x12\x37\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x16.specdec.v1.WorkerInfo\x12Q\n\x0cGetTokenizer\x12\x1f.specdec.v1.GetTokenizerRequest\x1a .specdec.v1.GetTokenizerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/worker.proto\x12\nspecdec.v1\x1a\x19specdec/v1/generate.proto\"c\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x10\n\x08has_seed\x18\x04 \x01(\x08\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"\x8b\x01\n\x08Sequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12$\n\x04mode\x18\x04 \x01(\x0e\x32\x16.specdec.v1.VerifyMode\x12\t\n\x01k\x18\x05 \x01(\x05\"(\n\nSparseDist\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"s\n\x05\x44raft\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12%\n\x05\x64ists\x18\x03 \x03(\x0b\x32\x16.specdec.v1.SparseDist\x12\x0f\n\x07parents\x18\x04 \x03(\x05\x12\x0e\n\x06scores\x18\x05 \x03(\x02\"9\n\x0eProposeRequest\x12\'\n\tsequences\x18\x01 \x03(\x0b\x32\x14.specdec.v1.Sequence\"4\n\x0fProposeResponse\x12!\n\x06\x64rafts\x18\x01 \x03(\x0b\x32\x11.specdec.v1.Draft\"9\n\x0ePrefillRequest\x12\'\n\tsequences\x18\x01 \x03(\x0b\x32\x14.specdec.v1.Sequence\";\n\x0ePrefillOutcome\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rcached_tokens\x18\x02 \x01(\x05\"?\n\x0fPrefillResponse\x12,\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1a.specdec.v1.PrefillOutcome\"V\n\nVerifyItem\x12&\n\x08sequence\x18\x01 \x01(\x0b\x32\x14.specdec.v1.Sequence\x12 \n\x05\x64raft\x18\x02 \x01(\x0b\x32\x11.specdec.v1.Draft\"6\n\rVerifyRequest\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.specdec.v1.VerifyItem\"I\n\rVerifyOutcome\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\x05\"=\n\x0eVerifyResponse\x12+\n\x08outcomes\x18\x01 \x03(\x0b\x32\x19.specdec.v1.VerifyOutcome\"%\n\x0eReleaseRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"\\\n\x13TokenizeTextRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x63hat\x18\x02 \x01(\x08\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\")\n\x14TokenizeTextResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\r\n\x0bInfoRequest\"\xbd\x02\n\nWorkerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x13\n\x0bmax_context\x18\x05 \x01(\x05\x12\x12\n\nvocab_size\x18\x06 \x01(\x05\x12\x11\n\tnum_slots\x18\x07 \x01(\x05\x12\x12\n\nfree_slots\x18\x08 \x01(\x05\x12\x15\n\reos_token_ids\x18\t \x03(\x05\x12\x19\n\x11has_chat_template\x18\n \x01(\x08\x12.\n\ttelemetry\x18\x0b \x01(\x0b\x32\x1b.specdec.v1.DeviceTelemetry\x12\x1d\n\x15tokenizer_fingerprint\x18\x0c \x01(\t\x12\x11\n\tplacement\x18\r \x01(\t\x12\x0f\n\x07\x65victed\x18\x0e \x01(\x03\"\x15\n\x13GetTokenizerRequest\"\xb2\x01\n\x14GetTokenizerResponse\x12\x16\n\x0etokenizer_json\x18\x01 \x01(\t\x12\x15\n\rchat_template\x18\x02 \x01(\t\x12\x19\n\x11special_token_ids\x18\x03 \x03(\x05\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\x12$\n\x1c\x63lean_up_tokenization_spaces\x18\x06 \x01(\x08\"\xc6\x04\n\x0f\x44\x65viceTelemetry\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04time\x18\x04 \x01(\x01\x12\x10\n\x08window_s\x18\x05 \x01(\x01\x12\x18\n\x0butilization\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x1f\n\x12memory_utilization\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\tsm_active\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x19\n\x0csm_occupancy\x18\t \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11memory_used_bytes\x18\n \x01(\x04H\x04\x88\x01\x01\x12\x1f\n\x12memory_total_bytes\x18\x0b \x01(\x04H\x05\x88\x01\x01\x12\x14\n\x07power_w\x18\x0c \x01(\x01H\x06\x88\x01\x01\x12\x1a\n\rpower_limit_w\x18\r \x01(\x01H\x07\x88\x01\x01\x12\x11\n\x04\x62usy\x18\x0e \x01(\x01H\x08\x88\x01\x01\x12\x16\n\trss_bytes\x18\x0f \x01(\x04H\t\x88\x01\x01\x12\x14\n\x07threads\x18\x10 \x01(\rH\n\x88\x01\x01\x12\x0f\n\x07missing\x18\x11 \x03(\tB\x0e\n\x0c_utilizationB\x15\n\x13_memory_utilizationB\x0c\n\n_sm_activeB\x0f\n\r_sm_occupancyB\x14\n\x12_memory_used_bytesB\x15\n\x13_memory_total_bytesB\n\n\x08_power_wB\x10\n\x0e_power_limit_wB\x07\n\x05_busyB\x0c\n\n_rss_bytesB\n\n\x08_threads2\x93\x02\n\x0c\x44raftService\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12\x42\n\x07Prefill\x12\x1a.specdec.v1.PrefillRequest\x1a\x1b.specdec.v1.PrefillResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x37\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x16.specdec.v1.WorkerInfo2\xb3\x03\n\rTargetService\x12\x42\n\x07Prefill\x12\x1a.specdec.v1.PrefillRequest\x1a\x1b.specdec.v1.PrefillResponse\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12M\n\x08Tokenize\x12\x1f.specdec.v1.TokenizeTextRequest\x1a .specdec.v1.TokenizeTextResponse\x12\x37\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x16.specdec.v1.WorkerInfo\x12Q\n\x0cGetTokenizer\x12\x1f.specdec.v1.GetTokenizerRequest\x1a .specdec.v1.GetTokenizerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,45 +40,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SPARSEDIST']._serialized_start=309
   _globals['_SPARSEDIST']._serialized_end=349
   _globals['_DRAFT']._serialized_start=351
-  _globals['_DRAFT']._serialized_end=433
-  _globals['_PROPOSEREQUEST']._serialized_start=435
-  _globals['_PROPOSEREQUEST']._serialized_end=492
-  _globals['_PROPOSERESPONSE']._serialized_start=494
-  _globals['_PROPOSERESPONSE']._serialized_end=546
-  _globals['_PREFILLREQUEST']._serialized_start=548
-  _globals['_PREFILLREQUEST']._serialized_end=605
-  _globals['_PREFILLOUTCOME']._serialized_start=607
-  _globals['_PREFILLOUTCOME']._serialized_end=666
-  _globals['_PREFILLRESPONSE']._serialized_start=668
-  _globals['_PREFILLRESPONSE']._serialized_end=731
-  _globals['_VERIFYITEM']._serialized_start=733
-  _globals['_VERIFYITEM']._serialized_end=819
-  _globals['_VERIFYREQUEST']._serialized_start=821
-  _globals['_VERIFYREQUEST']._serialized_end=875
-  _globals['_VERIFYOUTCOME']._serialized_start=877
-  _globals['_VERIFYOUTCOME']._serialized_end=950
-  _globals['_VERIFYRESPONSE']._serialized_start=952
-  _globals['_VERIFYRESPONSE']._serialized_end=1013
-  _globals['_RELEASEREQUEST']._serialized_start=1015
-  _globals['_RELEASEREQUEST']._serialized_end=1052
-  _globals['_RELEASERESPONSE']._serialized_start=1054
-  _globals['_RELEASERESPONSE']._serialized_end=1089
-  _globals['_TOKENIZETEXTREQUEST']._serialized_start=1091
-  _globals['_TOKENIZETEXTREQUEST']._serialized_end=1183
-  _globals['_TOKENIZETEXTRESPONSE']._serialized_start=1185
-  _globals['_TOKENIZETEXTRESPONSE']._serialized_end=1226
-  _globals['_INFOREQUEST']._serialized_start=1228
-  _globals['_INFOREQUEST']._serialized_end=1241
-  _globals['_WORKERINFO']._serialized_start=1244
-  _globals['_WORKERINFO']._serialized_end=1561
-  _globals['_GETTOKENIZERREQUEST']._serialized_start=1563
-  _globals['_GETTOKENIZERREQUEST']._serialized_end=1584
-  _globals['_GETTOKENIZERRESPONSE']._serialized_start=1587
-  _globals['_GETTOKENIZERRESPONSE']._serialized_end=1765
-  _globals['_DEVICETELEMETRY']._serialized_start=1768
-  _globals['_DEVICETELEMETRY']._serialized_end=2350
-  _globals['_DRAFTSERVICE']._serialized_start=2353
-  _globals['_DRAFTSERVICE']._serialized_end=2628
-  _globals['_TARGETSERVICE']._serialized_start=2631
-  _globals['_TARGETSERVICE']._serialized_end=3066
+  _globals['_DRAFT']._serialized_end=466
+  _globals['_PROPOSEREQUEST']._serialized_start=468
+  _globals['_PROPOSEREQUEST']._serialized_end=525
+  _globals['_PROPOSERESPONSE']._serialized_start=527
+  _globals['_PROPOSERESPONSE']._serialized_end=579
+  _globals['_PREFILLREQUEST']._serialized_start=581
+  _globals['_PREFILLREQUEST']._serialized_end=638
+  _globals['_PREFILLOUTCOME']._serialized_start=640
+  _globals['_PREFILLOUTCOME']._serialized_end=699
+  _globals['_PREFILLRESPONSE']._serialized_start=701
+  _globals['_PREFILLRESPONSE']._serialized_end=764
+  _globals['_VERIFYITEM']._serialized_start=766
+  _globals['_VERIFYITEM']._serialized_end=852
+  _globals['_VERIFYREQUEST']._serialized_start=854
+  _globals['_VERIFYREQUEST']._serialized_end=908
+  _globals['_VERIFYOUTCOME']._serialized_start=910
+  _globals['_VERIFYOUTCOME']._serialized_end=983
+  _globals['_VERIFYRESPONSE']._serialized_start=985
+  _globals['_VERIFYRESPONSE']._serialized_end=1046
+  _globals['_RELEASEREQUEST']._serialized_start=1048
+  _globals['_RELEASEREQUEST']._serialized_end=1085
+  _globals['_RELEASERESPONSE']._serialized_start=1087
+  _globals['_RELEASERESPONSE']._serialized_end=1122
+  _globals['_TOKENIZETEXTREQUEST']._serialized_start=1124
+  _globals['_TOKENIZETEXTREQUEST']._serialized_end=1216
+  _globals['_TOKENIZETEXTRESPONSE']._serialized_start=1218
+  _globals['_TOKENIZETEXTRESPONSE']._serialized_end=1259
+  _globals['_INFOREQUEST']._serialized_start=1261
+  _globals['_INFOREQUEST']._serialized_end=1274
+  _globals['_WORKERINFO']._serialized_start=1277
+  _globals['_WORKERINFO']._serialized_end=1594
+  _globals['_GETTOKENIZERREQUEST']._serialized_start=1596
+  _globals['_GETTOKENIZERREQUEST']._serialized_end=1617
+  _globals['_GETTOKENIZERRESPONSE']._serialized_start=1620
+  _globals['_GETTOKENIZERRESPONSE']._serialized_end=1798
+  _globals['_DEVICETELEMETRY']._serialized_start=1801
+  _globals['_DEVICETELEMETRY']._serialized_end=2383
+  _globals['_DRAFTSERVICE']._serialized_start=2386
+  _globals['_DRAFTSERVICE']._serialized_end=2661
+  _globals['_TARGETSERVICE']._serialized_start=2664
+  _globals['_TARGETSERVICE']._serialized_end=3099
 # @@protoc_insertion_point(module_scope)

@@ -45,14 +45,18 @@ class SparseDist(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Draft(_message.Message):
-    __slots__ = ("request_id", "tokens", "dists")
+    __slots__ = ("request_id", "tokens", "dists", "parents", "scores")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DISTS_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     dists: _containers.RepeatedCompositeFieldContainer[SparseDist]
-    def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., dists: _Optional[_Iterable[_Union[SparseDist, _Mapping]]] = ...) -> None: ...
+    parents: _containers.RepeatedScalarFieldContainer[int]
+    scores: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., dists: _Optional[_Iterable[_Union[SparseDist, _Mapping]]] = ..., parents: _Optional[_Iterable[int]] = ..., scores: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("sequences",)
