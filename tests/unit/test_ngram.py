@@ -14,13 +14,13 @@ from specdec.core.round_types import Draft
 
 
 def naive_propose(seq: list[int], k: int, max_n: int, min_n: int) -> list[int]:
-    """Reference: longest suffix n-gram, most recent earlier occurrence, LZ77-style copy."""
+    """Reference: longest suffix n-gram, earliest occurrence, LZ77-style copy."""
     if k <= 0:
         return []
     L = len(seq)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
         suffix = seq[L - n :]
-        for i in range(L - n - 1, -1, -1):
+        for i in range(L - n):
             if seq[i : i + n] == suffix:
                 ext = list(seq)
                 for _ in range(k):
@@ -36,12 +36,12 @@ def test_basic_proposal_and_point_mass_probs() -> None:
     assert d.probs == [([13], [1.0]), ([14], [1.0])]  # point masses keep rejection mode lossless
 
 
-def test_prefers_longest_ngram_then_most_recent() -> None:
-    seq = [1, 2, 3, 50, 9, 3, 60, 7, 2, 3, 70, 1, 2, 3]
-    # the 3-gram (1, 2, 3) occurs at 0 -> 50; the 2-gram (2, 3) more recently at 8 -> 70
+def test_prefers_longest_ngram_then_earliest() -> None:
+    seq = [7, 2, 3, 70, 1, 2, 3, 50, 9, 3, 60, 1, 2, 3]
+    # the 3-gram (1, 2, 3) occurs at 4 -> 50; the 2-gram (2, 3) earlier at 1 -> 70
     assert NgramDrafter(3, 1).propose_one(seq, 1).tokens == [50]
     assert NgramDrafter(2, 1).propose_one(seq, 1).tokens == [70]
-    # 1-gram (3): most recent earlier occurrence is at 9 -> 70
+    # 1-gram (3): the earliest occurrence is at 2 -> 70, not the later ones (-> 50, -> 60)
     assert NgramDrafter(1, 1).propose_one(seq, 1).tokens == [70]
 
 
