@@ -328,6 +328,13 @@ def test_off_without_the_variables(tiny_paths, tmp_path, monkeypatch):
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+    # the gateway's app has no span middleware at all while off, and has it once the variables ask
+    from gateway.app import GatewayConfig, create_app
+    from gateway.http_spans import HttpSpans
+
+    assert create_app(GatewayConfig()).user_middleware == []
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:4317")
+    assert [m.cls for m in create_app(GatewayConfig()).user_middleware] == [HttpSpans]
 
 
 @pytest.mark.parametrize(
