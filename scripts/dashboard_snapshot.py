@@ -16,6 +16,7 @@ the dashboard shows (tests/unit/test_dashboard_snapshot.py). A query without dat
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import sys
@@ -68,11 +69,18 @@ def prometheus_fetch(url: str, start: float, end: float, step: float, timeout: f
     return fetch
 
 
+def _seconds(v: float) -> str:
+    """A duration as Grafana's ``s`` unit writes it: in µs, ms or s, whichever reads best."""
+    if v == 0 or abs(v) >= 1:
+        return f"{v:.3g} s"
+    return f"{v * 1e3:.3g} ms" if abs(v) >= 1e-3 else f"{v * 1e6:.3g} µs"
+
+
 def _axis_format(ax, unit: str | None) -> None:
     if unit == "percentunit":
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     elif unit == "s":
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 1000:.0f} ms" if v < 1 else f"{v:.1f} s"))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _seconds(v)))
     elif unit == "reqps":
         ax.set_ylabel("per second", fontsize=7)
 
@@ -103,12 +111,23 @@ def render(dashboard: dict, fetch: Fetch, rate_interval: str, start: float, titl
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         ax.set_xlabel("minutes", fontsize=7)
-        ax.legend(fontsize=6, loc="upper left", frameon=False)
+        ax.legend(fontsize=6, loc="best", frameon=False)
     for ax in axes.flat[len(shown) :]:
         ax.set_visible(False)
     fig.suptitle(title or dashboard.get("title", ""), fontsize=12)
     fig.tight_layout()
     return fig, empty
+
+
+def save_png(fig, out: Path, dpi: int) -> None:
+    """``fig`` as a PNG of 256 colours at most: a line plot needs no more, and the file stays small
+    enough to keep in the repository (docs/results.md shows one)."""
+    from PIL import Image  # matplotlib's own dependency
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    image = Image.open(buffer).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    image.save(out, format="PNG", optimize=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=float, help="seconds between points (default: 200 points)")
     ap.add_argument("--rate-interval", default="1m", help="what $__rate_interval stands for")
     ap.add_argument("--title", help="the figure's title (default: the dashboard's)")
-    ap.add_argument("--dpi", type=int, default=80)
+    ap.add_argument("--dpi", type=int, default=96)
     ap.add_argument("--strict", action="store_true", help="exit 1 when a query has no series")
     args = ap.parse_args(argv)
 
@@ -135,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     fig, empty = render(
         dashboard, prometheus_fetch(args.prometheus, start, end, step), args.rate_interval, start, args.title
     )
-    fig.savefig(args.out, dpi=args.dpi)
+    save_png(fig, args.out, args.dpi)
     for panel, query in empty:
         print(f"no data: {panel}: {query}", file=sys.stderr)
     print(f"{args.out}: {len(panels(dashboard))} panels, {end - start:.0f} s at {step:.0f} s steps")
