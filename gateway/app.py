@@ -4,8 +4,9 @@
 The caller's bearer token travels as the gRPC call's own credential, so the router alone decides who
 may call (same token file, same per-client limit, same 401); ``x-request-id`` becomes the request's
 id, hence the router's access-log ``request_id``, and is echoed; ``traceparent`` goes on to the
-router, whose spans join the caller's trace. A stream's client going away
-cancels the gRPC call, which frees the request's KV slots at once.
+router, whose spans join the caller's trace, under the gateway's own span when the gateway traces
+(gateway/http_spans.py). A stream's client going away cancels the gRPC call, which frees the
+request's KV slots at once.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from starlette.exceptions import HTTPException
 
 from gateway.api_error import ApiError, from_specdec_error
 from gateway.event_stream import EventStreamResponse
+from gateway.http_spans import HttpSpans
 from gateway.openai_request import OpenAIRequest, parse_chat, parse_completion
 from gateway.openai_response import DONE, Reply, models_list, sse
+from specdec.rpc import tracing
 from specdec.rpc.aio_client import AsyncSpecdecClient
 from specdec.rpc.client_credentials import ClientCredentials
 from specdec.rpc.client_errors import SpecdecError
-from specdec.rpc.tracing import forwarded
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +81,11 @@ def _default_and_fingerprint(models: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
-    """The caller's token and trace context (W3C ``traceparent``: the router's span joins its trace)."""
+    """The caller's token and trace context (W3C ``traceparent``: the router's span joins its trace,
+    as the child of the gateway's span while the gateway traces)."""
     auth = request.headers.get("authorization")
-    return ((("authorization", auth),) if auth else ()) + forwarded(request.headers)
+    context = (tracing.outgoing() if tracing.active else ()) or tracing.forwarded(request.headers)
+    return ((("authorization", auth),) if auth else ()) + context
 
 
 def _request_id(request: Request) -> str:
@@ -123,9 +127,11 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 def create_app(config: GatewayConfig) -> FastAPI:
     state: dict[str, Any] = {}
+    traced = tracing.wanted()  # the OTEL_* variables (specdec/rpc/tracing.py); off: no span code at all
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        traced_now = traced and tracing.setup("specdec-gateway")
         state["client"] = AsyncSpecdecClient(config.router, timeout=config.timeout, credentials=config.credentials)
         state["models"] = _Models()
         log.info("gateway: OpenAI-compatible API over the router at %s", config.router)
@@ -133,6 +139,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             yield
         finally:
             await state["client"].close()
+            if traced_now:
+                tracing.shutdown()  # exports the spans still batched
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -217,4 +225,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await generate(request, parse_chat(await _json(request), _request_id(request)), chat=True)
 
+    if traced:
+        app.add_middleware(HttpSpans, routes=frozenset(r.path for r in app.routes))
     return app

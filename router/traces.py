@@ -5,7 +5,8 @@ one check, and the round gets the shared do-nothing :data:`OFF`.
 
 A request's trace::
 
-    specdec.v1.Generation/Generate            SERVER; child of the caller's traceparent, if any
+    (POST /v1/completions)                    over HTTP, the gateway's SERVER span above (gateway/http_spans.py)
+    specdec.v1.Generation/Generate            SERVER; child of the caller's traceparent (or the gateway's)
     ├── specdec.v1.TargetService/Tokenize     the target worker's span (text prompts)
     ├── prefill                               a round that cached a chunk of its prompt
     │   └── specdec.v1.TargetService/Prefill  (and the drafter's DraftService/Prefill)

@@ -7,7 +7,8 @@ variables as a worker actor does, through their environment), tiny models, the r
 process (``RouterThread``), and the HTTP gateway process in front of it. With the variables set,
 each request is one trace holding the router's request span, one ``round`` span per round the
 response reports, and both workers' spans, joined by the ``traceparent`` each call carries; a
-caller's trace (gRPC metadata or an HTTP header through the gateway) is kept. Without them nothing
+caller's trace (gRPC metadata or an HTTP header through the gateway) is kept, and a request through
+the gateway has the gateway's HTTP span between the caller's and the router's. Without them nothing
 is exported and no SDK provider exists. Worker actors on a joined Ray cluster get the variables
 through their runtime_env (the headers excepted).
 """
@@ -38,6 +39,7 @@ MODEL = "tiny-llama"
 GENERATE = "specdec.v1.Generation/Generate"
 STREAM = "specdec.v1.Generation/GenerateStream"
 VERIFY = "specdec.v1.TargetService/Verify"
+HTTP_COMPLETIONS = "POST /v1/completions"
 PROPOSE = "specdec.v1.DraftService/Propose"
 DRAFT = generate_pb2.SpeculationOptions(mode=generate_pb2.SPECULATION_MODE_DRAFT, k=3)
 
@@ -54,10 +56,11 @@ def _no_otel_env(monkeypatch) -> None:
 
 
 @contextmanager
-def _worker(module: str, model: Path, log: Path) -> Iterator[subprocess.Popen]:
+def _worker(module: str, model: Path, log: Path, port: int = 0) -> Iterator[subprocess.Popen]:
     """A worker process serving ``model`` (stderr to ``log``). SIGTERM at the end: it exports the
     spans it still holds as it exits."""
-    cmd = [sys.executable, "-m", module, "--model", str(model), "--port", "0", "--threads", "1", "--max-len", "1024"]
+    cmd = [sys.executable, "-m", module, "--model", str(model), "--port", str(port), "--threads", "1"]
+    cmd += ["--max-len", "1024"]
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
     try:
@@ -80,20 +83,24 @@ def _address(proc: subprocess.Popen, log: Path) -> str:
 
 
 @contextmanager
-def _service(tiny_paths, tmp: Path) -> Iterator[tuple[str, str]]:
-    """The workers, the router and the gateway; yields (the router's gRPC address, the gateway's URL)."""
+def _service(tiny_paths, tmp: Path, restarts: list | None = None) -> Iterator[tuple[str, str]]:
+    """The workers, the router and the gateway; yields (the router's gRPC address, the gateway's URL).
+    With ``restarts`` (a list), the target listens on a fixed port and the list gets a function that
+    kills it (SIGKILL, as a crash) and starts a new one there, as a supervisor restarts a worker."""
     from cluster.gateway_process import start_gateway
     from router.config import RouterConfig
     from router.server import RouterThread, TargetBinding
     from router.workers import StaticEndpoint
 
     with ExitStack() as stack:
+        target_port = 0 if restarts is None else _free_port()
         # both start at once: loading torch is most of their start
-        target = stack.enter_context(_worker("target_worker", tiny_paths["llama"], tmp / "target.log"))
+        target = stack.enter_context(_worker("target_worker", tiny_paths["llama"], tmp / "target.log", target_port))
         draft = stack.enter_context(_worker("draft_worker", tiny_paths["llama-draft"], tmp / "draft.log"))
+        target_address = _address(target, tmp / "target.log")
         binding = TargetBinding(
             MODEL,
-            StaticEndpoint(_address(target, tmp / "target.log"), "target-0"),
+            StaticEndpoint(target_address, "target-0"),
             StaticEndpoint(_address(draft, tmp / "draft.log"), "draft-0"),
             "tiny-llama-draft",
             tokenizer=str(tiny_paths["llama"]),
@@ -108,6 +115,16 @@ def _service(tiny_paths, tmp: Path) -> Iterator[tuple[str, str]]:
             predraft=True,
             draft_deadline_s=5.0,
         )
+        if restarts is not None:
+
+            def restart() -> None:
+                target.kill()
+                target.wait()
+                log = tmp / "target-restarted.log"
+                again = stack.enter_context(_worker("target_worker", tiny_paths["llama"], log, target_port))
+                assert _address(again, log) == target_address
+
+            restarts.append(restart)
         router = RouterThread([binding], config).start(connect_timeout=120)
         stack.callback(router.stop, 0)  # before the workers go: it flushes the router's spans
         gw_log = stack.enter_context(open(tmp / "gateway.log", "w+"))
@@ -156,21 +173,44 @@ def _request_span(spans: list[ReceivedSpan], request_id: str) -> ReceivedSpan | 
     return found[0] if found else None
 
 
-def _complete(spans: list[ReceivedSpan], ids) -> bool:
-    """Every request's span, and in its trace both workers' (the workers export on their own clock)."""
+def _complete(spans: list[ReceivedSpan], ids, http_ids=()) -> bool:
+    """Every request's span, and in its trace both workers' (the workers export on their own clock),
+    and the gateway's for ``http_ids``."""
     for rid in ids:
         root = _request_span(spans, rid)
         if root is None:
             return False
         names = {s.name for s in spans if s.trace_id == root.trace_id}
-        if not {VERIFY, PROPOSE} <= names:
+        if not {VERIFY, PROPOSE} <= names or (rid in http_ids and HTTP_COMPLETIONS not in names):
             return False
     return True
 
 
-def _check_trace(spans: list[ReceivedSpan], request_id: str, rounds: int, caller: tuple[str, str] | None) -> None:
+def _gateway_span(spans: list[ReceivedSpan], request_id: str, caller: tuple[str, str]) -> ReceivedSpan:
+    """The gateway's span of an HTTP request: a SERVER span, child of the caller's, whose child is
+    the router's request span."""
     root = _request_span(spans, request_id)
-    mine = [s for s in spans if s.trace_id == root.trace_id]
+    (gw,) = [s for s in spans if s.trace_id == root.trace_id and s.service == "specdec-gateway"]
+    assert (gw.name, gw.kind) == (HTTP_COMPLETIONS, 2), gw  # SERVER
+    assert (gw.trace_id, gw.parent_id) == caller
+    assert root.parent_id == gw.span_id
+    assert gw.attributes["http.response.status_code"] == 200
+    assert gw.attributes["http.route"] == "/v1/completions"
+    assert gw.attributes["specdec.request_id"] == request_id
+    return gw
+
+
+def _trace(spans: list[ReceivedSpan], request_id: str) -> list[ReceivedSpan]:
+    root = _request_span(spans, request_id)
+    return [s for s in spans if s.trace_id == root.trace_id]
+
+
+def _check_trace(
+    spans: list[ReceivedSpan], request_id: str, rounds: int, caller: tuple[str, str] | None, tokens: int = 12
+) -> None:
+    root = _request_span(spans, request_id)
+    # the router's request span and what hangs under it (the gateway's span above it: _gateway_span)
+    mine = [s for s in spans if s.trace_id == root.trace_id and s.service != "specdec-gateway"]
     by_id = {s.span_id: s for s in mine}
     if caller is not None:  # the caller's trace is kept, and its span is the request span's parent
         assert (root.trace_id, root.parent_id) == caller
@@ -178,7 +218,7 @@ def _check_trace(spans: list[ReceivedSpan], request_id: str, rounds: int, caller
         assert root.parent_id == ""
     assert root.attributes["gen_ai.request.model"] == MODEL
     assert root.attributes["rpc.grpc.status_code"] == 0
-    assert root.attributes["gen_ai.usage.output_tokens"] == 12
+    assert root.attributes["gen_ai.usage.output_tokens"] == tokens
     assert root.attributes["gen_ai.response.finish_reasons"] == ["length"]
     assert root.attributes["specdec.speculation.mode"] == "draft"
     # one round span per round the response reports, each a child of the request's span
@@ -219,12 +259,52 @@ def test_each_request_is_one_trace_over_router_and_workers(tiny_paths, tmp_path,
                 address, url, f"00-{caller[0]}-{caller[1]}-01", f"00-{http_caller[0]}-{http_caller[1]}-01"
             )
         assert not tracing.active and tracing.tracer() is None  # the router's stop ended it
-        spans = rx.wait_for(lambda got: _complete(got, rounds), timeout=30)
+        spans = rx.wait_for(lambda got: _complete(got, rounds, http_ids={"traced-c"}), timeout=30)
     roots = {rid: _request_span(spans, rid) for rid in rounds}
     assert len({r.trace_id for r in roots.values()}) == 3  # one trace per request
     _check_trace(spans, "traced-a", rounds["traced-a"], caller)
     _check_trace(spans, "traced-b", rounds["traced-b"], None)
-    _check_trace(spans, "traced-c", rounds["traced-c"], http_caller)
+    # through the gateway: caller -> the gateway's HTTP span -> the router's request span -> workers
+    gateway = _gateway_span(spans, "traced-c", http_caller)
+    _check_trace(spans, "traced-c", rounds["traced-c"], (http_caller[0], gateway.span_id))
+    assert not any(s.service == "specdec-gateway" for rid in ("traced-a", "traced-b") for s in _trace(spans, rid))
+
+
+def test_a_restarted_target_shows_as_a_replay(tiny_paths, tmp_path, monkeypatch):
+    """The target crashes mid-stream and comes back on its address: the request completes, and its
+    trace shows the round's wait and replayed call as a ``replay`` span under the round's phase,
+    holding the Verify or Prefill the new target process served."""
+    _no_otel_env(monkeypatch)
+    restarts: list = []
+    with otlp_receiver() as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+        with _service(tiny_paths, tmp_path, restarts) as (address, _):
+            with grpc.insecure_channel(address) as channel:
+                req = generate_pb2.GenerateRequest(
+                    request_id="traced-r", prompt="def fib(n):", max_tokens=160, ignore_eos=True, speculation=DRAFT
+                )
+                chunks = []
+                for chunk in generate_pb2_grpc.GenerationStub(channel).GenerateStream(req, timeout=180):
+                    if not chunks:
+                        restarts[0]()  # the first tokens are out: the rest needs the new target
+                    chunks.append(chunk)
+        spans = rx.wait_for(lambda got: _complete(got, ["traced-r"]), timeout=30)
+    assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 160
+    _check_trace(spans, "traced-r", chunks[-1].speculation.rounds, None, tokens=160)
+    mine = _trace(spans, "traced-r")
+    by_id = {s.span_id: s for s in mine}
+    replays = [s for s in mine if s.name == "replay"]
+    assert len(replays) == 1, [s.name for s in mine]
+    (replay,) = replays
+    assert by_id[replay.parent_id].name in ("verify", "prefill"), by_id[replay.parent_id].name
+    assert replay.service == "specdec-router" and replay.attributes["specdec.worker"] == "target-0"
+    replayed = [s for s in mine if s.parent_id == replay.span_id]
+    assert [(s.service, s.name) for s in replayed] in (
+        [("specdec-target-worker", VERIFY)],
+        [("specdec-target-worker", "specdec.v1.TargetService/Prefill")],
+    ), replayed
 
 
 def test_off_without_the_variables(tiny_paths, tmp_path, monkeypatch):
@@ -248,6 +328,13 @@ def test_off_without_the_variables(tiny_paths, tmp_path, monkeypatch):
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+    # the gateway's app has no span middleware at all while off, and has it once the variables ask
+    from gateway.app import GatewayConfig, create_app
+    from gateway.http_spans import HttpSpans
+
+    assert create_app(GatewayConfig()).user_middleware == []
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:4317")
+    assert [m.cls for m in create_app(GatewayConfig()).user_middleware] == [HttpSpans]
 
 
 @pytest.mark.parametrize(
