@@ -1,8 +1,8 @@
 """How many nodes of the drafted trees a round verifies, from measured costs (torch-free).
 
 A node more in the verify is a chance more of a token, and a row more in the target's forward. On
-this CPU a bf16 verify of 5 tokens costs about one decode step, 8 about 1.3 and 16 about 1.6 (the
-lm_head's rows: docs/results.md, "Token trees"); a GPU is flatter. So the round keeps the nodes that
+the 2-core CPU a bf16 verify of 4 tokens costs 1.17 decode steps, 8 1.41 and 16 1.85
+(docs/results.md, "Token trees"); a GPU is flatter. So the round keeps the nodes that
 raise its expected tokens per second, Sequoia's rule with costs measured as the engine runs:
 
 * **gain**: a node is on the accepted path with about the draft's probability of its path; the
