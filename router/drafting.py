@@ -317,7 +317,7 @@ class DraftSource:
             if name is not None:
                 groups.setdefault(name, []).append(job)
         for name, group in groups.items():
-            seqs = [sequence_to_proto(j.key, j.state.prompt_ids[: ends[j.key] + 1], j.params, j.mode) for j in group]
+            seqs = [sequence_to_proto(j.key, j.state.tokens[: ends[j.key] + 1], j.params, j.mode) for j in group]
             new = sum(ends[j.key] + 1 - j.draft_fed.get(name, 0) for j in group)
             for job in group:
                 job.drafters.add(name)  # the drafter holds a slot for it now

@@ -233,6 +233,11 @@ class Metrics:
         self.batch_size = Histogram(
             "specdec_round_batch_size", "Requests per round", buckets=_BATCH_BUCKETS, registry=r
         )
+        self.preemptions = Counter(
+            "specdec_preemptions",
+            "Running requests that gave their KV slots up to a client below its fair share (and waited again)",
+            registry=r,
+        )
         self.tree_nodes = Histogram(
             "specdec_draft_tree_nodes",
             "Nodes of a token tree sent for verification (its depth counts as drafted tokens)",

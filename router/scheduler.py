@@ -34,18 +34,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 import grpc
 
 from router import clock
+from router.admission import Admission
 from router.batching import (
     batch_capacity,
-    can_admit,
     lane_share,
-    next_admission,
     request_k_policy,
     resolve_spec,
 )
@@ -80,7 +78,7 @@ async def _all(*started: Awaitable) -> None:
     await asyncio.gather(*started)
 
 
-class TargetScheduler:
+class TargetScheduler(Admission):
     """Queue, running set and round lanes of one target worker. Drafts come from ``pool`` (shared by
     every target; ``home`` is this target's own drafter, the only one used without the rebalancer)."""
 
@@ -204,65 +202,6 @@ class TargetScheduler:
         state = new_request(key, prompt_ids, params, mode, policy, self.eos_token_ids, self.decode)
         return Job(key=key, request_id=request_id, state=state, spec=spec, auto=auto, deadline=deadline)
 
-    def check_room(self) -> None:
-        """Raise unless a new job would be queued now (QueueFull, or UNAVAILABLE while closing):
-        called before the costly work of admitting one (tokenizing), and by :meth:`submit`."""
-        if self._closing:
-            raise RpcStatusError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down", retry_after=1.0)
-        self._admit()
-        if len(self.waiting) >= self.cfg.max_queue:
-            raise QueueFull(
-                f"the request queue is full ({len(self.waiting)} waiting, {len(self.running)} running); retry later"
-            )
-
-    def submit(self, job: Job) -> None:
-        self.check_room()
-        self.waiting.append(job)
-        self.metrics.queue_depth.inc()
-        self.metrics.prompt_tokens.inc(len(job.state.prompt_ids))
-        self.metrics.prompt_len.labels(self.name).observe(len(job.state.prompt_ids))
-        self._admit()
-        self._wake.set()
-
-    def cancel(self, job: Job, reason: str = "cancelled") -> None:
-        """The client went away (cancel or deadline): drop the job and free its slots."""
-        if job.done:
-            return
-        if job in self.waiting:
-            self.waiting.remove(job)
-            self.metrics.queue_depth.dec()
-            self._finish(job, None, outcome="deadline_exceeded" if reason == "deadline" else "cancelled")
-        elif job.in_flight:
-            job.cancelled = reason  # the lane finishes it when its round returns
-        else:
-            self._finish(job, None, outcome="deadline_exceeded" if reason == "deadline" else "cancelled")
-
-    def _admit(self) -> None:
-        now = clock.now()
-        while self.waiting and (self.waiting[0].done or (self.waiting[0].deadline or math.inf) <= now):
-            job = self.waiting.popleft()
-            self.metrics.queue_depth.dec()
-            if not job.done:
-                late = "the deadline passed while the request was queued"
-                self._fail(job, RpcStatusError(grpc.StatusCode.DEADLINE_EXCEEDED, late), outcome="deadline_exceeded")
-        while self.waiting and can_admit(len(self.running), self.capacity, self._closing):
-            clients = [j.client for j in self.waiting]
-            i = next_admission(clients, [j.client for j in self.running], self.cfg.fair_share, self.admitted)
-            job = self.waiting[i]
-            del self.waiting[i]
-            self.metrics.queue_depth.dec()
-            if job.done:
-                continue
-            self._admissions += 1
-            self.admitted[job.client] = self._admissions
-            self.running.append(job)
-            self.metrics.running.inc()
-            self.metrics.queue_time.labels(self.name).observe(now - job.t_arrival)
-        self.peak_running = max(self.peak_running, len(self.running))
-        if len(self.admitted) > 2 * (self.capacity + self.cfg.max_queue):  # forget clients long gone
-            present = {j.client for j in self.running} | {j.client for j in self.waiting}
-            self.admitted = {c: n for c, n in self.admitted.items() if c in present}
-
     def _take(self, lane: int) -> list[Job]:
         self._admit()
         now = clock.now()
@@ -334,7 +273,7 @@ class TargetScheduler:
         chunks = [j for j in prefilling if j.key in plan]
         if not chunks:
             return []
-        seqs = [sequence_to_proto(j.key, j.state.prompt_ids[: plan[j.key] + 1], j.params, j.mode) for j in chunks]
+        seqs = [sequence_to_proto(j.key, j.state.tokens[: plan[j.key] + 1], j.params, j.mode) for j in chunks]
         with round_trace(chunks, "prefill"):  # the drafters' Prefill calls start inside too
             self.drafting.prefill(chunks, plan)
             await self.link.prefill(seqs)
@@ -451,6 +390,9 @@ class TargetScheduler:
     # ---- finishing -----------------------------------------------------------------------------
     def _remove(self, job: Job) -> None:
         job.done = True
+        self._release(job)
+
+    def _release(self, job: Job) -> None:
         if job in self.running:
             self.running.remove(job)
             self.metrics.running.dec()

@@ -149,6 +149,9 @@ class RequestState:
     finish_reason: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     prefilled: int = 0  # prompt tokens in the target's cache, set by the chunked prefill (prefill_plan)
+    # Tokens to cache in chunks before the next verify, when more than the prompt's: a request
+    # that lost its caches (preempted: router/preemption.py) caches what it had again, in chunks.
+    refill: int | None = None
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -156,8 +159,9 @@ class RequestState:
 
     @property
     def prefill_total(self) -> int:
-        """Prompt tokens to cache before the first verify (whose row feeds the prompt's last token)."""
-        return len(self.prompt_ids) - 1
+        """Tokens to cache before the first verify (whose row feeds the last of them): the prompt's
+        but its last, or what `refill` says."""
+        return len(self.prompt_ids) - 1 if self.refill is None else self.refill
 
     @property
     def prefilling(self) -> bool:

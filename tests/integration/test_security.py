@@ -207,6 +207,45 @@ def test_a_free_slot_goes_to_another_client_before_the_first_client_s_queue(secu
     secured.wait_slots_free()
 
 
+def test_a_client_with_no_slot_takes_one_from_a_client_above_its_share(secured, pki):
+    """Preemption (router/preemption.py), with the batch cut to two slots: client A streams two
+    requests and holds both; client B's request takes one of them at once instead of waiting for
+    either to end. The one that gave its slot up caches its tokens again and finishes with the
+    tokens it gets alone."""
+    sched = secured.router.router.schedulers_for(MODEL)[0]
+
+    async def set_capacity(capacity: int) -> int:
+        old, sched.capacity = sched.capacity, capacity
+        return old
+
+    def running() -> list[str]:
+        async def ids() -> list[str]:
+            return [j.request_id for j in sched.running]
+
+        return secured.router.run(ids(), timeout=10)
+
+    kw = {"max_tokens": 300, "ignore_eos": True, "timeout": 120}  # long enough to hold the slots while B comes
+    prompts = {"a1": "def fib(n):", "a2": "import numpy as np\n"}
+    alone = {rid: secured.client.generate(p, **kw).token_ids for rid, p in prompts.items()}
+    before = secured.metric("specdec_preemptions_total")
+    capacity = secured.router.run(set_capacity(2), timeout=10)
+    try:
+        with SpecdecClient(secured.router.address, credentials=creds(pki, TOKEN_B)) as b, ThreadPoolExecutor(2) as pool:
+            streams = {rid: secured.client.generate_stream(p, request_id=rid, **kw) for rid, p in prompts.items()}
+            firsts = {rid: next(s) for rid, s in streams.items()}  # both hold a slot
+            assert sorted(running()) == ["a1", "a2"]
+            b1 = pool.submit(b.generate, "hi", request_id="b1", max_tokens=4, ignore_eos=True, timeout=60)
+            assert b1.result(timeout=60).finish_reason == "length"
+            tokens = {
+                rid: list(firsts[rid].token_ids) + [t for c in s for t in c.token_ids] for rid, s in streams.items()
+            }
+    finally:
+        secured.router.run(set_capacity(capacity), timeout=10)
+    assert secured.metric("specdec_preemptions_total") == before + 1
+    assert tokens == alone
+    secured.wait_slots_free()
+
+
 def test_message_size_bound(secured, pki):
     """A request over router.max_message_bytes is refused by gRPC before it reaches the servicer."""
     big = generate_pb2.GenerateRequest(prompt="x" * (4 << 20)).SerializeToString()

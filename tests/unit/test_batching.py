@@ -48,15 +48,18 @@ def test_draft_deadline_follows_the_verify_time_within_bounds():
 
 
 def test_the_scheduler_and_the_drafting_module_call_these_functions():
-    """One policy per decision: the scheduler and the drafting module use router.batching and
-    router.draft_depth, not copies."""
+    """One policy per decision: the scheduler, its admission and the drafting module use
+    router.batching and router.draft_depth, not copies."""
+    import router.admission as admission
     import router.draft_depth as draft_depth
     import router.drafting as drafting
     import router.scheduler as scheduler
     import router.target_balance as target_balance
 
-    for name in ("batch_capacity", "can_admit", "next_admission", "lane_share", "request_k_policy", "resolve_spec"):
+    for name in ("batch_capacity", "lane_share", "request_k_policy", "resolve_spec"):
         assert getattr(scheduler, name) is getattr(batching, name), name
+    for name in ("can_admit", "next_admission"):
+        assert getattr(admission, name) is getattr(batching, name), name
     assert drafting.draft_deadline is batching.draft_deadline
     assert scheduler.policy_k is draft_depth.policy_k
     assert target_balance.draft_depth is draft_depth  # want_k, through the module (a test may patch it)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -243,23 +244,65 @@ async def _wall_then_short(fair_share: bool) -> tuple[TargetScheduler, _Target, 
     for _ in range(3):
         await _round_prefill(sched, target)
     short = _submit(sched, "B", "b0", SHORT)
-    assert [j.request_id for j in sched.running] == ["a0", "a1", "a2", "a3"] and short in sched.waiting
     return sched, target, wall, short
 
 
-def test_a_short_request_behind_another_client_s_wall_starts_in_the_next_round_with_a_slot():
+def test_a_short_request_behind_another_client_s_wall_starts_in_the_next_round():
+    """A holds every slot and B arrives: one of A's requests gives its slot up at once (the one
+    with the fewest tokens cached, the last admitted at equal progress) and waits again first in
+    A's queue; B's prompt is cached and decodes in the next round."""
+
     async def scenario():
         sched, target, wall, short = await _wall_then_short(fair_share=True)
-        sched.cancel(wall[0])  # a slot frees
+        assert short in sched.running and sched.metrics.preemptions._value.get() == 1
+        given_up = next(j for j in wall[:4] if j not in sched.running)
+        assert list(sched.waiting)[0] is given_up and given_up.state.prefilled == 0
+        assert given_up.state.prefill_total == len(given_up.state.tokens) - 1  # all of it again
         chunks = await _round_prefill(sched, target)  # the next round
-        assert short in sched.running and wall[4] in sched.waiting
-        assert "b0" in chunks and "A" in chunks.values()  # its prompt is cached, beside A's share
-        assert not short.state.prefilling  # and it decodes in this same round
-        # A's queued requests take the next slots, in A's order
-        for job in wall[1:4]:
-            sched.cancel(job)
+        assert "b0" in chunks and not short.state.prefilling  # cached, and decodes in this round
+        assert given_up.request_id not in chunks
+        # A holds 3 of 4 slots, B 1: above B's share (2) only while B has nothing more waiting
+        assert sorted(j.client for j in sched.running) == ["A", "A", "A", "B"]
+
+    asyncio.run(scenario())
+
+
+def test_a_request_that_gave_its_slot_up_caches_its_tokens_again_in_chunks():
+    async def scenario():
+        sched, target, wall, short = await _wall_then_short(fair_share=True)
+        given_up = list(sched.waiting)[0]
+        generated = [7, 8, 9]
+        given_up.state.tokens += generated  # as if it had decoded before giving its slot up
+        given_up.state.refill = len(given_up.state.tokens) - 1
+        sched.cancel(short)  # B is done: A's request takes the slot back, first of A's queue
         sched._admit()
-        assert [j.request_id for j in sched.running if j.client == "A"] == ["a4", "a5", "a6"]
+        assert given_up in sched.running
+        seen = []
+        while given_up.state.prefilling:
+            chunks = await _round_prefill(sched, target)
+            if given_up.request_id in chunks:
+                seen.append(target.prefills[-1][given_up.key])
+        assert seen[-1] == len(given_up.state.tokens) - 1  # up to its last token, generated ones included
+        assert len(seen) > 1 and all(b - a <= 256 for a, b in zip([0] + seen, seen))  # chunks within the budget
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("case", ["at its share", "in flight", "fair share off", "alone"])
+def test_no_slot_is_taken_where_the_share_does_not_ask_for_it(case):
+    async def scenario():
+        sched, target = _scheduler(slots=4, fair_share=case != "fair share off")
+        if case == "at its share":
+            for i in range(2):
+                _submit(sched, "B", f"b{i}", SHORT)
+        wall = [_submit(sched, "A", f"a{i}", LONG) for i in range(6)]
+        if case == "in flight":
+            for job in sched.running:
+                job.in_flight = True
+        if case != "alone":
+            _submit(sched, "B", "b9", SHORT)
+        assert sched.metrics.preemptions._value.get() == 0
+        assert all(j in sched.running for j in wall[: 4 if case != "at its share" else 2])
 
     asyncio.run(scenario())
 
@@ -270,6 +313,7 @@ def test_first_come_first_served_leaves_the_short_request_behind_the_wall():
 
     async def scenario():
         sched, target, wall, short = await _wall_then_short(fair_share=False)
+        assert short in sched.waiting and sched.metrics.preemptions._value.get() == 0
         for i in range(4):
             sched.cancel(wall[i])
             chunks = await _round_prefill(sched, target)
@@ -295,18 +339,21 @@ def test_a_client_alone_gets_every_slot_and_the_whole_budget():
 
 
 def test_three_clients_share_the_scheduler_s_slots():
+    """A alone takes all 6 slots; B and C arrive with 3 each: A gives slots up until each client
+    holds its share of 2, and A's requests wait again in A's order."""
+
     async def scenario():
         sched, target = _scheduler(slots=6)
-        first = [_submit(sched, "A", f"a{i}", SHORT) for i in range(6)]  # alone: A takes all 6
+        first = [_submit(sched, "A", f"a{i}", SHORT) for i in range(6)]
         for client in "BC":
             for i in range(3):
                 _submit(sched, client, f"{client.lower()}{i}", SHORT)
-        _submit(sched, "A", "a6", SHORT)
-        for job in first[:4]:
-            sched.cancel(job)
-        sched._admit()
-        held = [j.client for j in sched.running]
-        assert sorted(held) == ["A", "A", "B", "B", "C", "C"]
-        assert [j.request_id for j in sched.running if j.client != "A"] == ["b0", "c0", "b1", "c1"]
+        held = sorted(j.client for j in sched.running)
+        assert held == ["A", "A", "B", "B", "C", "C"]
+        assert sorted(j.request_id for j in sched.running if j.client != "A") == ["b0", "b1", "c0", "c1"]
+        waiting_a = [j.request_id for j in sched.waiting if j.client == "A"]
+        assert waiting_a == sorted(waiting_a, key=lambda r: int(r[1:]))  # A's own order kept
+        assert sched.metrics.preemptions._value.get() == 5 and not set(waiting_a) & {"a0", "a1"}
+        assert first[0] in sched.running
 
     asyncio.run(scenario())
