@@ -152,8 +152,9 @@ def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, bias: torch.Te
     rows, blocks = group * width, span // KEY_BLOCK
     # A score is one dot product over D: the GEMM's N (the span) does not change how it is summed.
     scores = torch.matmul(qf.reshape(batch, kv_heads, rows, dim), kf.transpose(-1, -2))
-    scores = scores.view(batch, kv_heads, group, width, span) + bias
-    weights = torch.exp(scores - scores.amax(-1, keepdim=True))  # exactly 0 for hidden keys
+    # In place: the same elementwise ops, without two more [rows, span] tensors.
+    scores = scores.view(batch, kv_heads, group, width, span).add_(bias)
+    weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()  # exactly 0 for hidden keys
     weights = weights.view(batch, kv_heads, rows, blocks, KEY_BLOCK)
     # CPU cumsum accumulates float32 in float64 (torch's acc_type), one block after another: the last
     # element is this left fold in float64, rounded once (tests/unit/test_attention_tiles.py).
