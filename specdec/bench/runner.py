@@ -1,5 +1,6 @@
 """`specdec bench runner`: our runner vs transformers' forward with its own cache, side by side, and
-the runner with its weights in the plain layout (specdec/core/packed.py: what packing buys)."""
+the runner with its weights in the plain layout (specdec/core/packed.py: what packing buys); with
+``--prefill``, a long prompt in one forward beside the same prompt in chunks."""
 
 from __future__ import annotations
 
@@ -175,4 +176,66 @@ def format_table(result: dict) -> str:
         )
     if not result["packed"]:
         lines.append("(oneDNN cannot pack these weights here: the runner ran on plain weights)")
+    return "\n".join(lines)
+
+
+def prefill_times(
+    model_spec: str,
+    chunks: Sequence[int],
+    dtype: str = "float32",
+    context_len: int = 4000,
+    threads: int | None = None,
+) -> dict:
+    """Seconds to prefill one prompt of ``context_len`` tokens in one forward and in chunks of each
+    size in ``chunks``, with the invariant forward (what a greedy or seeded request's prefill runs)
+    and the fast one (SDPA). Each invariant way must give the last token bitwise equal logits."""
+    if threads:
+        torch.set_num_threads(threads)
+    loaded = load_model(model_spec, dtype=dtype)
+    runner = ModelRunner(loaded.model, num_slots=1, max_len=context_len + 1)
+    prompt = [100 + (i * 7919) % (runner.vocab_size - 100) for i in range(context_len)]
+    warm = runner.alloc_slot()
+    runner.forward([warm], [prompt[:8]], num_logits=1)  # load the kernels before the clock starts
+    runner.free_slot(warm)
+    rows = []
+    for invariant in (True, False):
+        want = None
+        for chunk in (context_len, *chunks):
+            slot = runner.alloc_slot()
+            t0 = time.perf_counter()
+            for at in range(0, context_len, chunk):
+                piece = prompt[at : at + chunk]
+                logits = runner.forward([slot], [piece], num_logits=int(at + chunk >= context_len), invariant=invariant)
+            seconds = time.perf_counter() - t0
+            runner.free_slot(slot)
+            want = logits[0] if want is None else want
+            rows.append(
+                {
+                    "invariant": invariant,
+                    "chunk": chunk,
+                    "seconds": round(seconds, 4),
+                    "same_logits": bool(torch.equal(logits[0], want)),
+                }
+            )
+    return {
+        "model": model_spec,
+        "dtype": dtype,
+        "context_len": context_len,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+    }
+
+
+def format_prefill(result: dict) -> str:
+    lines = [
+        f"{result['model']} ({result['dtype']}, a {result['context_len']}-token prompt, {result['threads']} threads)",
+        f"{'forward':<10}{'chunk':>7}{'seconds':>10}{'vs one':>8}  last logits as one forward",
+    ]
+    one = {}
+    for r in result["rows"]:
+        one.setdefault(r["invariant"], r["seconds"])
+        lines.append(
+            f"{'invariant' if r['invariant'] else 'fast':<10}{r['chunk']:>7}{r['seconds']:>10.2f}"
+            f"{r['seconds'] / one[r['invariant']]:>7.2f}x  {'bitwise' if r['same_logits'] else 'differ'}"
+        )
     return "\n".join(lines)

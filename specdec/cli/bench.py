@@ -11,7 +11,14 @@ from specdec.core.dtypes import DTYPE_NAMES
 
 
 def _bench_runner(args: argparse.Namespace) -> int:
-    from specdec.bench.runner import bench_runner, format_sweep, format_table, forward_sweep
+    from specdec.bench.runner import (
+        bench_runner,
+        format_prefill,
+        format_sweep,
+        format_table,
+        forward_sweep,
+        prefill_times,
+    )
 
     if args.tp > 1:
         from specdec.bench.tp import bench_tp, format_tp_table
@@ -27,6 +34,12 @@ def _bench_runner(args: argparse.Namespace) -> int:
             progress=lambda name: print(f"... {name}", file=sys.stderr),
         )
         print(json.dumps(result, indent=2) if args.json else format_tp_table(result))
+        return 0
+    if args.prefill:
+        result = prefill_times(
+            args.model, args.prefill, dtype=args.dtype, context_len=args.context, threads=args.threads
+        )
+        print(json.dumps(result, indent=2) if args.json else format_prefill(result))
         return 0
     if args.tokens_sweep:
         result = forward_sweep(
@@ -144,6 +157,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         default=(),
         metavar="N1,N2,...",
         help="instead: the runner's forward time for each number of tokens per forward (verify cost vs k)",
+    )
+    p.add_argument(
+        "--prefill",
+        type=_int_list,
+        default=(),
+        metavar="C1,C2,...",
+        help="instead: a prompt of --context tokens prefilled in one forward and in chunks of each size, "
+        "invariant and fast (seconds, and whether the last logits match the one forward's)",
     )
     p.add_argument(
         "--as-draft",

@@ -10,8 +10,8 @@ attention with explicit reductions whose order is fixed by construction:
   sum of values a float32 GEMM per block of KEY_BLOCK keys, both over a multiple of MIN_GEMM_ROWS
   query rows (see `query_width`);
 * the softmax subtracts the exact maximum over the visible keys (a max is order-free);
-* the per-block partial sums are combined by a sequential scan over blocks in key order (cumsum),
-  so the blocks past a query's own position add exact zeros and change nothing.
+* the per-block partial sums are combined by a sequential fold over blocks in key order, so the
+  blocks past a query's own position add exact zeros and change nothing (and are skipped).
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from specdec.core.packed import pack
 from specdec.core.quant import linear
 
 KEY_BLOCK = 64
+# Query positions the invariant attention takes at a time: each tile reads only the key blocks its
+# queries see, so one forward over a long prompt skips the hidden half of the square.
+QUERY_TILE = 256
 # A CPU GEMM rounds a row according to the block of rows it is computed in (`scripts/invariance.py
 # ops`). float32 (MKL): a block of 4 rows one way, a remainder of 1-3 rows another; several
 # threads split the rows in blocks of 4, so only an M that is a multiple of 4 rounds every row the
@@ -114,25 +117,50 @@ def invariant_attention(
     q: [B, H, T, D]; keys, values: [B, Hkv, S, D] with S a multiple of KEY_BLOCK; bias: from
     `hidden_keys_bias`. Returns [B, H, T, D] in q's dtype. Needs (H // Hkv) * T to be a multiple
     of MIN_GEMM_ROWS (see `query_width`).
+
+    The queries go QUERY_TILE positions at a time, each tile over the key blocks its queries can see:
+    the blocks left out hold only hidden keys, whose weights are exact zeros, so a query's numbers are
+    those of one pass over the whole span (tests/unit/test_attention_tiles.py compares them bit for bit).
     """
     batch, heads, width, dim = q.shape
     kv_heads, span = keys.shape[1], keys.shape[2]
-    group, blocks = heads // kv_heads, span // KEY_BLOCK
-    rows = group * width
-    if span % KEY_BLOCK or rows % MIN_GEMM_ROWS:
+    group = heads // kv_heads
+    if span % KEY_BLOCK or (group * width) % MIN_GEMM_ROWS:
         raise ValueError(
             f"invariant_attention: span {span} must be a multiple of {KEY_BLOCK} and "
-            f"(H/Hkv)*T = {rows} a multiple of {MIN_GEMM_ROWS}"
+            f"(H/Hkv)*T = {group * width} a multiple of {MIN_GEMM_ROWS}"
         )
     # Head h uses kv head h // group (transformers' repeat_kv): fold the group into the GEMM rows.
-    qf = (q.float() * scale).reshape(batch, kv_heads, rows, dim)
-    # A score is one dot product over D: the GEMM's N (the span) does not change how it is summed.
-    scores = torch.matmul(qf, keys.float().transpose(-1, -2))
-    scores = scores.view(batch, kv_heads, group, width, span) + bias
-    weights = torch.exp(scores - scores.amax(-1, keepdim=True))  # exactly 0 for hidden keys
-    weights = weights.view(batch, kv_heads, rows, blocks, KEY_BLOCK)
-    total = weights.sum(-1).cumsum(-1)[..., -1:]  # [B, Hkv, rows, 1]
-    # The sum over keys is a GEMM over one block at a time (fixed K), then a scan over blocks.
-    vf = values.float().view(batch, kv_heads, blocks, KEY_BLOCK, dim)
-    out = torch.matmul(weights.transpose(2, 3), vf).cumsum(2)[:, :, -1] / total
+    qf = (q.float() * scale).reshape(batch, kv_heads, group, width, dim)
+    kf, vf = keys.float(), values.float()
+    # Keys each query position sees in any row (a prefix of the span), read once from the bias.
+    seen = (bias[:, 0, 0] == 0).sum(-1).amax(0).tolist()
+    out = torch.empty(batch, kv_heads, group, width, dim, dtype=torch.float32, device=q.device)
+    for t0 in range(0, width, QUERY_TILE):
+        t1 = min(width, t0 + QUERY_TILE)  # a multiple of MIN_GEMM_ROWS rows, as `width` is
+        tile_span = min(span, padded_span(max(seen[t0:t1])))
+        out[:, :, :, t0:t1] = _attend(
+            qf[:, :, :, t0:t1], kf[:, :, :tile_span], vf[:, :, :tile_span], bias[..., t0:t1, :tile_span]
+        )
     return out.view(batch, heads, width, dim).to(q.dtype)
+
+
+def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """One tile: qf [B, Hkv, group, t, D] scaled float32 over kf, vf [B, Hkv, S, D] float32."""
+    batch, kv_heads, group, width, dim = qf.shape
+    span = kf.shape[2]
+    rows, blocks = group * width, span // KEY_BLOCK
+    # A score is one dot product over D: the GEMM's N (the span) does not change how it is summed.
+    scores = torch.matmul(qf.reshape(batch, kv_heads, rows, dim), kf.transpose(-1, -2))
+    # In place: the same elementwise ops, without two more [rows, span] tensors.
+    scores = scores.view(batch, kv_heads, group, width, span).add_(bias)
+    weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()  # exactly 0 for hidden keys
+    weights = weights.view(batch, kv_heads, rows, blocks, KEY_BLOCK)
+    # CPU cumsum accumulates float32 in float64 (torch's acc_type), one block after another: the last
+    # element is this left fold in float64, rounded once (tests/unit/test_attention_tiles.py).
+    total = weights.sum(-1).cumsum(-1)[..., -1:]  # [B, Hkv, rows, 1]
+    # The sum over keys is a GEMM over one block at a time (fixed K), then the same fold over blocks.
+    acc = torch.zeros(batch, kv_heads, rows, dim, dtype=torch.float64, device=qf.device)
+    for j in range(blocks):
+        acc += torch.matmul(weights[:, :, :, j], vf[:, :, j * KEY_BLOCK : (j + 1) * KEY_BLOCK])
+    return (acc.float() / total).view(batch, kv_heads, group, width, dim)

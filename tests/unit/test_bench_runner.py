@@ -38,3 +38,19 @@ def test_bench_runner_tp_puts_tp_n_beside_tp_1_with_the_all_reduce_share(tiny_pa
             assert c["tp1_ms"] > 0 and c["tpn_ms"] > 0 and 0 < c["comm_share"] < 1
     assert result["faster_lm_head"] == "replicated"
     assert "TP2 ms" in format_tp_table(result)
+
+
+def test_prefill_times_one_forward_beside_chunks_invariant_and_fast(tiny_paths):
+    from specdec.bench.runner import format_prefill, prefill_times
+
+    result = prefill_times(str(tiny_paths["llama"]), (16, 7), dtype="float32", context_len=40)
+    rows = [(r["invariant"], r["chunk"]) for r in result["rows"]]
+    assert rows == [(True, 40), (True, 16), (True, 7), (False, 40), (False, 16), (False, 7)]
+    assert all(r["seconds"] > 0 for r in result["rows"])
+    # The invariant forward's promise: the chunks give the one forward's logits bit for bit.
+    assert all(r["same_logits"] for r in result["rows"] if r["invariant"])
+    table = format_prefill(result)
+    assert table.count("bitwise") >= 3 and "1.00x" in table
+    # A chunking that changed the logits is shown as such, not hidden in the table.
+    result["rows"][1]["same_logits"] = False
+    assert "differ" in format_prefill(result)
