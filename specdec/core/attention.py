@@ -133,6 +133,8 @@ def invariant_attention(
     # Head h uses kv head h // group (transformers' repeat_kv): fold the group into the GEMM rows.
     qf = (q.float() * scale).reshape(batch, kv_heads, group, width, dim)
     kf, vf = keys.float(), values.float()
+    if width <= QUERY_TILE:  # decode, verify, a chunk: one tile, no host read (a CUDA graph captures it)
+        return _attend(qf, kf, vf, bias).view(batch, heads, width, dim).to(q.dtype)
     # Keys each query position sees in any row (a prefix of the span), read once from the bias.
     seen = (bias[:, 0, 0] == 0).sum(-1).amax(0).tolist()
     out = torch.empty(batch, kv_heads, group, width, dim, dtype=torch.float32, device=q.device)
