@@ -88,7 +88,7 @@ def tree_forward(
 
     # One attention row per path to a leaf among the new nodes: its keys the slot's chain and the
     # path's nodes in chain order, its queries the new nodes it is the first path to hold.
-    path_slot, path_base, path_at, path_queries = [], [], [], []
+    path_slot, path_base, path_nodes, path_queries = [], [], [], []
     for slot, base, whole, first, off in zip(slots, bases, trees, firsts, offsets):
         done: set[int] = set()
         for path in leaf_paths(whole):
@@ -96,13 +96,19 @@ def tree_forward(
                 continue
             path_slot.append(slot)
             path_base.append(base)
-            path_at.append(torch.as_tensor([base + i for i in path], device=dev))
+            path_nodes.append(path)
             path_queries.append([(j, off + i - first) for j, i in enumerate(path) if i >= first and i not in done])
             done.update(path)
     width = max(len(q) for q in path_queries)
     if invariant:
         width = query_width(width, runner.num_heads, runner.num_kv_heads)
-    span = padded_span(max(base + len(at) for base, at in zip(path_base, path_at)))
+    span = padded_span(max(base + len(path) for base, path in zip(path_base, path_nodes)))
+    # Where each path's key j is in its slot's cache: the chain, then the path's nodes; the places
+    # past the path read the chain's first key, hidden from every query (an exact zero weight).
+    key_at = torch.zeros(len(path_slot), span, dtype=torch.long)
+    for p, (base, path) in enumerate(zip(path_base, path_nodes)):
+        key_at[p, : base + len(path)] = torch.as_tensor(list(range(base)) + [base + i for i in path])
+    key_slot, key_at = torch.as_tensor(path_slot, device=dev)[:, None], key_at.to(dev)
     q_index = torch.full((len(path_slot), width), n, dtype=torch.long)  # n: a zero row (padding)
     q_pos = torch.zeros(len(path_slot), width, dtype=torch.long)
     out_index = torch.empty(n, dtype=torch.long)
@@ -120,11 +126,8 @@ def tree_forward(
         kc, vc = runner.k_cache[layer], runner.v_cache[layer]
         kc[store_slot, :, store_at] = k[:n]
         vc[store_slot, :, store_at] = v[:n]
-        keys = kc.new_zeros(len(path_slot), runner.num_kv_heads, span, runner.head_dim)
-        vals = torch.zeros_like(keys)
-        for p, (slot, base, at) in enumerate(zip(path_slot, path_base, path_at)):
-            keys[p, :, :base], vals[p, :, :base] = kc[slot, :, :base], vc[slot, :, :base]
-            keys[p, :, base : base + len(at)], vals[p, :, base : base + len(at)] = kc[slot, :, at], vc[slot, :, at]
+        keys = kc[key_slot, :, key_at].transpose(1, 2)  # [paths, Hkv, span, D], one gather per layer
+        vals = vc[key_slot, :, key_at].transpose(1, 2)
         queries = F.pad(q[:n], (0, 0, 0, 0, 0, 1))[q_index].transpose(1, 2)  # [paths, H, width, D]
         if invariant:
             out = invariant_attention(queries, keys, vals, bias, runner.head_dim**-0.5)
