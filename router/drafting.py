@@ -33,7 +33,7 @@ from specdec.core.ngram import NgramDrafter
 from specdec.core.params import VerifyMode
 from specdec.core.round_types import Draft
 from specdec.core.token_tree import within_depth
-from specdec.core.tree_size import TreeSizer, expected_tokens
+from specdec.core.tree_size import TreeSizer
 from specdec.rpc import worker_pb2
 from specdec.rpc.convert import draft_from_proto, sequence_to_proto
 
@@ -84,12 +84,7 @@ class DraftSource:
     def observe_verify(self, seconds: float, drafts: list[Draft], accepted: list[int]) -> None:
         self.verify_ema = seconds if self.verify_ema is None else 0.8 * self.verify_ema + 0.2 * seconds
         if any(d.scores for d in drafts):
-            self.tree_sizer.observe(
-                sum(d.k + 1 for d in drafts),
-                seconds,
-                sum(expected_tokens(d) for d in drafts if d.scores),
-                sum(n for d, n in zip(drafts, accepted) if d.scores),
-            )
+            self.tree_sizer.observe_round(drafts, accepted, seconds)
 
     def fail_open(self, job: Job, reason: str) -> None:
         job.state.stats.fail_open_rounds += 1
@@ -214,7 +209,7 @@ class DraftSource:
                     drafts[i] = d
         wait = clock.now() - t0
         if any(d.scores for d in drafts):  # trees cut to the nodes worth verifying (specdec/core/tree_size.py)
-            self.tree_sizer.cut(drafts, sum(1 + (0 if d.scores else d.k) for d in drafts), wait)
+            self.tree_sizer.cut(drafts, wait)
         return drafts, wait
 
     def _call(self, name: str, idx: list[int], batch: list[Job], ks: list[int]):

@@ -22,7 +22,7 @@ from specdec.core.prefill_plan import DEFAULT_BUDGET, DEFAULT_CHUNK, PrefillNeed
 from specdec.core.request_state import CostMeter, KPolicy, RequestState, RequestStats, new_request
 from specdec.core.runner import ModelRunner
 from specdec.core.target import TargetVerifier, VerifyItem
-from specdec.core.tree_size import TreeSizer, expected_tokens
+from specdec.core.tree_size import TreeSizer
 
 log = logging.getLogger(__name__)
 
@@ -151,15 +151,10 @@ class SpecEngine:
         t1 = time.perf_counter()
         trees = any(d.scores for d in drafts)
         if trees:  # tree drafts cut to the nodes worth verifying (specdec/core/tree_size.py)
-            drafts = self.tree_sizer.cut(drafts, sum(1 + (0 if d.scores else d.k) for d in drafts), t1 - t0)
+            self.tree_sizer.cut(drafts, t1 - t0)
         results = self.verifier.verify([VerifyItem(r.id, r.tokens, r.params, r.mode, d) for r, d in zip(batch, drafts)])
         if trees:
-            self.tree_sizer.observe(
-                sum(d.k + 1 for d in drafts),
-                time.perf_counter() - t1,
-                sum(expected_tokens(d) for d in drafts if d.scores),
-                sum(res.num_accepted for res, d in zip(results, drafts) if d.scores),
-            )
+            self.tree_sizer.observe_round(drafts, [res.num_accepted for res in results], time.perf_counter() - t1)
         if all(r.generated for r in batch):  # a first round holds the drafter's prefill: not a step
             self.cost.update(
                 t1 - t0,

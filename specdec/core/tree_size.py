@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from specdec.core.round_types import Draft
 
-__all__ = ["TreeSizer", "expected_tokens"]
+__all__ = ["TreeSizer"]
 
 _EMA = 0.2
 _CALIBRATION = (0.2, 1.5)
@@ -52,18 +52,18 @@ class TreeSizer:
             return self.verify_s[below]
         return None if above is None else self.verify_s[above] * width / above
 
-    def cut(self, drafts: Sequence[Draft], fixed_rows: int, draft_s: float) -> list[Draft]:
-        """Each tree draft cut to the nodes worth verifying (in place); chains unchanged. `fixed_rows`: the
-        verify tokens that are not tree nodes (one per request, the chains' tokens)."""
+    def cut(self, drafts: Sequence[Draft], draft_s: float) -> list[Draft]:
+        """Each tree draft cut to the nodes worth verifying (in place); chains unchanged. The rows
+        that are not tree nodes (a request's own, a chain's tokens) are verified whatever is cut."""
         nodes = sorted(
             ((p, b, i) for b, d in enumerate(drafts) if d.scores for i, p in enumerate(map(math.exp, d.scores))),
             reverse=True,
         )
         if not nodes:
             return list(drafts)
-        cal, width = self.calibration, fixed_rows
+        cal, width = self.calibration, sum(1 + (0 if d.scores else d.k) for d in drafts)
         best_rate, expected, keep = -1.0, 0.0, 0
-        base_tokens = sum(1 for _ in drafts)
+        base_tokens = len(drafts)
         for n, (p, _, _) in enumerate(nodes, start=1):
             expected += cal * p
             cost = self.verify_cost(width + n)
@@ -75,6 +75,15 @@ class TreeSizer:
                 best_rate, keep = rate, n
         kept = {(b, i) for _, b, i in nodes[:keep]}
         return [d.keep([i for bb, i in kept if bb == b]) if d.scores else d for b, d in enumerate(drafts)]
+
+    def observe_round(self, drafts: Sequence[Draft], accepted: Sequence[int], verify_s: float) -> None:
+        """A round verified `drafts` (as cut) in `verify_s`; `accepted`: each one's accepted tokens."""
+        self.observe(
+            sum(d.k + 1 for d in drafts),
+            verify_s,
+            sum(expected_tokens(d) for d in drafts if d.scores),
+            sum(n for d, n in zip(drafts, accepted) if d.scores),
+        )
 
     def observe(self, width: int, verify_s: float, expected: float, accepted: int) -> None:
         """A round verified `width` tokens in `verify_s`; its trees expected `expected` accepted

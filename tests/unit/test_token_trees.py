@@ -78,16 +78,16 @@ def _tree(scores: list[float]) -> Draft:
 def test_the_sizer_keeps_what_pays():
     sizer = TreeSizer()
     draft = _tree([0.9, 0.5, 0.1, 0.01])
-    assert sizer.cut([draft], fixed_rows=1, draft_s=0.1)[0].k == 4  # nothing measured: all, once
+    assert sizer.cut([draft], draft_s=0.1)[0].k == 4  # nothing measured: all, once
     # Flat verify costs: every node pays.
     for width in (2, 3, 4, 5):
         sizer.observe(width, 0.1, 1.0, 1)
-    assert sizer.cut([draft], 1, 0.1)[0].k == 4
+    assert sizer.cut([draft], 0.1)[0].k == 4
     # Each row costs as much as the whole first verify: only the likeliest node pays.
     sizer = TreeSizer()
     for width in (2, 3, 4, 5):
         sizer.observe(width, 0.1 * (width - 1), 1.0, 1)
-    kept = sizer.cut([draft], 1, 0.1)[0]
+    kept = sizer.cut([draft], 0.1)[0]
     assert kept.tokens == [0]
     # A width never measured is tried: it costs no more than its neighbours suggest.
     assert sizer.verify_cost(7) == pytest.approx(0.4) and TreeSizer().verify_cost(3) is None
@@ -100,11 +100,11 @@ def test_the_sizer_weighs_nodes_by_the_measured_acceptance():
     for width in (2, 3, 4, 5):
         sizer.observe(width, 0.1 + 0.05 * (width - 1), 1.0, 1)
     draft = _tree([0.9, 0.5, 0.1, 0.01])
-    assert sizer.cut([draft], 1, 0.1)[0].k == 2
+    assert sizer.cut([draft], 0.1)[0].k == 2
     sizer.observe(5, sizer.verify_s[5], expected=50.0, accepted=1)
     sizer.observe(5, sizer.verify_s[5], expected=50.0, accepted=1)
     assert sizer.calibration < 0.5
-    assert sizer.cut([draft], 1, 0.1)[0].k == 1
+    assert sizer.cut([draft], 0.1)[0].k == 1
 
 
 def test_tree_options_are_checked():
