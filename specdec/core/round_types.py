@@ -62,7 +62,7 @@ class Draft:
         if self.parents is not None:
             self.parents = [-1 if self.parents[i] < 0 else index[self.parents[i]] for i in kept]
         self.tokens = [self.tokens[i] for i in kept]
-        self.probs = None if self.probs is None else [self.probs[i] for i in kept if i < len(self.probs)]
+        self.probs = None if self.probs is None else [self.probs[i] for i in kept]
         self.scores = None if self.scores is None else [self.scores[i] for i in kept]
         return self
 
