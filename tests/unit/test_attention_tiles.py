@@ -45,15 +45,22 @@ def whole_span_reference(
     return out.view(batch, heads, width, dim).to(q.dtype)
 
 
-def float32_fold(q, keys, values, bias, scale):
-    """Broken on purpose: the per-block sums folded in float32 rather than as cumsum does."""
+def _block_weights(q, keys, bias, scale):
+    """The softmax numerators [B, Hkv, rows, blocks, KEY_BLOCK] the broken variants below sum wrongly."""
     batch, heads, width, dim = q.shape
     kv_heads, span = keys.shape[1], keys.shape[2]
     group, blocks = heads // kv_heads, span // KEY_BLOCK
-    rows = group * width
-    qf = (q.float() * scale).reshape(batch, kv_heads, rows, dim)
+    qf = (q.float() * scale).reshape(batch, kv_heads, group * width, dim)
     scores = torch.matmul(qf, keys.float().transpose(-1, -2)).view(batch, kv_heads, group, width, span) + bias
-    weights = torch.exp(scores - scores.amax(-1, keepdim=True)).view(batch, kv_heads, rows, blocks, KEY_BLOCK)
+    return torch.exp(scores - scores.amax(-1, keepdim=True)).view(batch, kv_heads, group * width, blocks, KEY_BLOCK)
+
+
+def float32_fold(q, keys, values, bias, scale):
+    """Broken on purpose: the per-block sums folded in float32 rather than as cumsum does."""
+    batch, heads, width, dim = q.shape
+    kv_heads, blocks = keys.shape[1], keys.shape[2] // KEY_BLOCK
+    rows = heads // kv_heads * width
+    weights = _block_weights(q, keys, bias, scale)
     acc = torch.zeros(batch, kv_heads, rows, dim)
     for j in range(blocks):
         acc = acc + torch.matmul(weights[:, :, :, j], values.float()[:, :, j * KEY_BLOCK : (j + 1) * KEY_BLOCK])
@@ -63,12 +70,8 @@ def float32_fold(q, keys, values, bias, scale):
 def pairwise_blocks(q, keys, values, bias, scale):
     """Broken on purpose: the block sums added as a tree (torch.sum) rather than in key order."""
     batch, heads, width, dim = q.shape
-    kv_heads, span = keys.shape[1], keys.shape[2]
-    group, blocks = heads // kv_heads, span // KEY_BLOCK
-    rows = group * width
-    qf = (q.float() * scale).reshape(batch, kv_heads, rows, dim)
-    scores = torch.matmul(qf, keys.float().transpose(-1, -2)).view(batch, kv_heads, group, width, span) + bias
-    weights = torch.exp(scores - scores.amax(-1, keepdim=True)).view(batch, kv_heads, rows, blocks, KEY_BLOCK)
+    kv_heads, blocks = keys.shape[1], keys.shape[2] // KEY_BLOCK
+    weights = _block_weights(q, keys, bias, scale)
     vf = values.float().view(batch, kv_heads, blocks, KEY_BLOCK, dim)
     out = torch.matmul(weights.transpose(2, 3), vf).sum(2) / weights.sum((-1, -2))[..., None]
     return out.view(batch, heads, width, dim).to(q.dtype)
