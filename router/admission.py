@@ -76,7 +76,8 @@ class Admission:
                 self.admitted[job.client] = self._admissions
                 self.running.append(job)
                 self.metrics.running.inc()
-                self.metrics.queue_time.labels(self.name).observe(now - job.t_arrival)
+                if job.state.refill is None:  # a preempted one has had its queue time (its run is not one)
+                    self.metrics.queue_time.labels(self.name).observe(now - job.t_arrival)
             gives_up = self.cfg.fair_share and victim([j.client for j in self.waiting], self.running, self.capacity)
             if not gives_up or self._closing:
                 break

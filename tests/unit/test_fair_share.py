@@ -236,6 +236,11 @@ async def _round_prefill(sched: TargetScheduler, target: _Target) -> dict[str, s
     return {by_key[k].request_id: by_key[k].client for k in target.prefills[-1]}
 
 
+def _observed(histogram) -> float:
+    """How many values a histogram holds, over its labels."""
+    return sum(x.value for m in histogram.collect() for x in m.samples if x.name.endswith("_count"))
+
+
 async def _wall_then_short(fair_share: bool) -> tuple[TargetScheduler, _Target, list[Job], Job]:
     """Client A's 8 long prompts fill the queue (4 slots: 4 run, 4 wait) and prefill for a few
     rounds; then client B sends a short one."""
@@ -274,9 +279,11 @@ def test_a_request_that_gave_its_slot_up_caches_its_tokens_again_in_chunks():
         generated = [7, 8, 9]
         given_up.state.tokens += generated  # as if it had decoded before giving its slot up
         given_up.state.refill = len(given_up.state.tokens) - 1
+        queued = _observed(sched.metrics.queue_time)
         sched.cancel(short)  # B is done: A's request takes the slot back, first of A's queue
         sched._admit()
         assert given_up in sched.running
+        assert _observed(sched.metrics.queue_time) == queued  # it had its queue time once
         seen = []
         while given_up.state.prefilling:
             chunks = await _round_prefill(sched, target)
