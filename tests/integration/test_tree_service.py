@@ -75,6 +75,9 @@ def test_trees_give_the_target_alone_output(service, engine):
         t.join(timeout=300)
     assert not errors, errors
     assert got == want
-    # Trees were verified: the router recorded their sizes, and a round accepted past a first miss.
-    assert service.metric("specdec_draft_tree_nodes_count") > 0
-    assert service.metric("specdec_draft_tree_nodes_sum") > service.metric("specdec_draft_tree_nodes_count")
+    # Trees were verified. How far the router cuts them depends on the verify times it measures
+    # (specdec/core/tree_size.py), but before the first measurement it verifies whole trees, and a
+    # tree of width 3 has at least 3 nodes: some draft went out with more than 2.
+    trees = service.metric("specdec_draft_tree_nodes_count")
+    assert trees > 0
+    assert service.metric("specdec_draft_tree_nodes_bucket", {"le": "2.0"}) < trees
