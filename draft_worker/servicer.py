@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 
 from specdec.core.drafters import Drafter, DraftInput, ModelDrafter, propose_within_k
@@ -57,6 +58,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
         self.runner = getattr(drafter, "runner", None)
         self.model_name, self.dtype, self.device = model_name, dtype, device
         self.placement = device_placement(device)  # the router compares draft and target's
+        self.instance = uuid.uuid4().hex  # WorkerInfo.instance: a new one, no caches
         self.vocab_size, self.max_context, self.num_slots = vocab_size, max_context, num_slots
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
         self.lock = threading.Lock()
@@ -83,6 +85,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
             "eos_token_ids": list(self.eos_token_ids),
             "tokenizer_fingerprint": self.tokenizer_fingerprint,
             "placement": self.placement,
+            "instance": self.instance,
             "evicted": getattr(getattr(self.drafter, "slots", None), "evicted", 0),  # n-gram: no slots
         }
 

@@ -309,7 +309,8 @@ class DraftSource:
         groups: dict[str, list[Job]] = {}
         for job in jobs:
             name = self._assign(job)
-            if name is not None:
+            # A drafter fed past this chunk still holds it: a target restart loses only the target's caches.
+            if name is not None and job.fed_to(name) <= ends[job.key]:
                 groups.setdefault(name, []).append(job)
         for name, group in groups.items():
             seqs = [sequence_to_proto(j.key, j.state.tokens[: ends[j.key] + 1], j.params, j.mode) for j in group]

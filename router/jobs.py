@@ -83,6 +83,8 @@ class Job:
     spec_changed_at: float = -math.inf
     spec_planned: bool = False
     span: Any = None  # the request's span while tracing is on (router/traces.py): its rounds' parent
+    # The target process (TargetLink.process) holding its KV cache; None while nothing is cached.
+    cached_on: int | None = None
 
     @property
     def params(self) -> SamplingParams:
@@ -95,3 +97,11 @@ class Job:
     def fed_to(self, drafter: str) -> int:
         """Tokens of it ``drafter`` was sent (and holds, while it keeps the slot)."""
         return self.draft_fed.get(drafter, 0)
+
+    def cache_again(self) -> None:
+        """Its KV cache on the target is gone (it was preempted, or the target restarted): its
+        committed tokens are cached again in chunks within the rounds' budget before its next
+        verify, as a prompt is (``RequestState.refill``; docs/design.md, "Recovery")."""
+        st = self.state
+        st.refill, st.prefilled = len(st.tokens) - 1, 0
+        self.cached_on, self.predraft = None, None

@@ -238,6 +238,11 @@ class Metrics:
             "Running requests that gave their KV slots up to a client below its fair share (and waited again)",
             registry=r,
         )
+        self.recached = Counter(
+            "specdec_recached_requests",
+            "Running requests whose KV cache a target restart lost, cached again in chunks",
+            registry=r,
+        )
         self.tree_nodes = Histogram(
             "specdec_draft_tree_nodes",
             "Nodes of a token tree sent for verification (its depth counts as drafted tokens)",
@@ -276,7 +281,10 @@ class Metrics:
         )
         self.worker_up = Gauge("specdec_worker_up", "1 while a worker answers", ["role", "worker"], registry=r)
         self.worker_restarts = Counter(
-            "specdec_worker_restarts", "Workers that came back on a new address", ["role"], registry=r
+            "specdec_worker_restarts",
+            "Workers that came back as a new process (their KV caches lost)",
+            ["role"],
+            registry=r,
         )
         dev = ["worker", "role", "device"]
         self.device_util = Gauge(

@@ -48,8 +48,7 @@ def _cached(job: Job) -> int:
 def requeue(job: Job) -> None:
     """Make a preempted job start over from its committed tokens: no caches anywhere, its tokens
     cached again in chunks before its next verify."""
-    st = job.state
-    st.refill, st.prefilled = len(st.tokens) - 1, 0
-    job.predraft, job.drafter, job.moved_from = None, None, None
+    job.cache_again()
+    job.drafter, job.moved_from = None, None
     job.draft_fed.clear()
     job.drafters.clear()

@@ -54,7 +54,7 @@ from router.drafting import DraftSource
 from router.jobs import Chunk, Job, QueueFull, next_job_key
 from router.metrics import Metrics
 from router.target_balance import TargetBalance
-from router.target_link import TargetLink
+from router.target_link import TargetLink, TargetRestarted
 from router.traces import round_trace
 from router.workers import WorkerClient, WorkerUnavailable
 from specdec.core.params import InvalidParams, SamplingParams, VerifyMode
@@ -259,9 +259,9 @@ class TargetScheduler(Admission):
     def _want_k(self, job: Job) -> int:
         return self.balance.want_k(job, len(self.running), self.max_context)
 
-    async def _prefill(self, batch: list[Job], verify_tokens: int) -> list[Job]:
-        """Cache this round's prompt chunks on the target (and the drafter); return the jobs whose
-        prompt is now cached, which verify in this same round."""
+    async def _prefill(self, batch: list[Job], verify_tokens: int, process: int) -> list[Job]:
+        """Cache this round's prompt chunks on the target process ``process`` (and the drafter);
+        return the jobs whose prompt is now cached, which verify in this same round."""
         prefilling = [j for j in batch if j.state.prefilling]
         if not prefilling:  # most rounds: no budget to work out
             return []
@@ -276,24 +276,40 @@ class TargetScheduler(Admission):
         seqs = [sequence_to_proto(j.key, j.state.tokens[: plan[j.key] + 1], j.params, j.mode) for j in chunks]
         with round_trace(chunks, "prefill"):  # the drafters' Prefill calls start inside too
             self.drafting.prefill(chunks, plan)
-            await self.link.prefill(seqs)
+            await self.link.prefill(seqs, process)
         self.metrics.prefill_chunks.inc(
             sum(chunks_between(j.state.prefilled, plan[j.key], self.cfg.prefill_chunk) for j in chunks)
         )
         self.metrics.round_tokens.observe(verify_tokens + sum(plan[j.key] - j.state.prefilled for j in chunks))
         for job in chunks:
-            job.state.prefilled = plan[job.key]
+            job.state.prefilled, job.cached_on = plan[job.key], process
         return [j for j in chunks if not j.state.prefilling and not j.done and not j.cancelled]
+
+    def _caches_lost(self, jobs: list[Job]) -> None:
+        """The target restarted since these jobs were cached on it: they cache their committed
+        tokens again in chunks within the rounds' budget, never all in one forward (docs/design.md,
+        "Recovery")."""
+        lost = [j for j in jobs if j.cached_on is not None and not j.done]
+        for job in lost:
+            job.cache_again()
+        if lost:
+            self.metrics.recached.inc(len(lost))
+            log.info("target %s restarted: %d requests cache their tokens again in chunks", self.name, len(lost))
 
     async def _round(self, batch: list[Job]) -> None:
         t0 = clock.now()
+        process = self.link.process
+        self._caches_lost([j for j in batch if j.cached_on not in (None, process)])
         if any(not j.spec_planned for j in self.running):
             self.balance.start(self.running, [self._want_k(j) for j in self.running])
         decoding = [j for j in batch if not j.state.prefilling]
         ks = [self._want_k(j) for j in decoding]
         tp = clock.now()
         try:
-            cached = await self._prefill(batch, sum(k + 1 for k in ks))
+            cached = await self._prefill(batch, sum(k + 1 for k in ks), process)
+        except TargetRestarted:
+            self._caches_lost(batch)
+            return
         except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:
             for job in batch:
                 if job.state.prefilling and not job.done:
@@ -306,10 +322,14 @@ class TargetScheduler(Admission):
         if not batch:
             return
         with round_trace(batch) as trace:
-            await self._verify_round(batch, ks, cached, t0, t_prefill, trace)
+            try:
+                await self._verify_round(batch, ks, cached, t0, t_prefill, trace, process)
+            except TargetRestarted:
+                trace.restarted()
+                self._caches_lost(batch)
 
     async def _verify_round(
-        self, batch: list[Job], ks: list[int], cached: list[Job], t0: float, t_prefill: float, trace
+        self, batch: list[Job], ks: list[int], cached: list[Job], t0: float, t_prefill: float, trace, process: int
     ) -> None:
         """The rest of a round, once its prompt chunks are cached: drafts, verify, commit."""
         # A request's first round feeds the drafter its prompt's tail: it says nothing of a step.
@@ -320,7 +340,7 @@ class TargetScheduler(Admission):
         self.drafting.launch_predraft(batch, ks, drafts, self._policy_k, self.balance.predraft)
         t1 = clock.now()
         with trace.phase("verify"):
-            outcomes, compute = await self.link.verify(batch, drafts)
+            outcomes, compute = await self.link.verify(batch, drafts, process)
         t2 = clock.now()
         trace.outcomes(batch, drafts, outcomes)
         self.balance.log_round(batch, ks, [len(d.tokens) for d in drafts], draft_wait, t2 - t1, compute)
@@ -342,6 +362,7 @@ class TargetScheduler(Admission):
             if isinstance(out, BaseException):
                 self._fail(job, out, outcome="unavailable" if isinstance(out, WorkerUnavailable) else "error")
                 continue
+            job.cached_on = process  # a verify caches its context too (a one-token prompt's first)
             self._commit(job, draft, out)
         t3 = clock.now()
         m.phase.labels("draft_wait").observe(draft_wait)

@@ -1,7 +1,11 @@
 """Calls to a target worker that survive its restart: a round waits for the target to come back
-(bounded by ``recovery_timeout_s``) and replays; the committed tokens did not change, so the
-request completes unchanged (docs/design.md, invariant 1). A batch that fails is verified item by item,
-so one bad item does not fail the others."""
+(bounded by ``recovery_timeout_s``). A call whose requests have KV caches on the target is never
+replayed on a new process: a replay would rebuild every context in one forward, minutes and
+gigabytes for long ones. It raises :class:`TargetRestarted` instead, and the scheduler makes those
+requests cache their committed tokens again in chunks within the rounds' token budget, as prompts
+are (docs/design.md, "Recovery"); the committed tokens did not change, so each request completes
+unchanged (invariant 1). A batch that fails is verified item by item, so one bad item does not fail
+the others."""
 
 from __future__ import annotations
 
@@ -22,7 +26,11 @@ from specdec.rpc.errors import RpcStatusError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TargetLink"]
+__all__ = ["TargetLink", "TargetRestarted"]
+
+
+class TargetRestarted(Exception):
+    """The target is a new process since the call's requests were cached on it: their caches are gone."""
 
 
 class TargetLink:
@@ -32,9 +40,15 @@ class TargetLink:
         self.cfg = config
         self.down_since: float | None = None
 
-    async def _replayed(self, method: str, request, n: int):
-        """One call, waiting for (and replaying on) a restarted target; (response, the worker's
-        compute seconds if reported)."""
+    @property
+    def process(self) -> int:
+        """Which process of the target serves now (its restart count): what a cache belongs to."""
+        return self.target.restarts
+
+    async def _replayed(self, method: str, request, n: int, cached_on: int):
+        """One call, waiting for the target to come back if it is down; (response, the worker's
+        compute seconds if reported). ``cached_on``: the :attr:`process` holding the caches the call
+        builds on; if another serves by the time the call goes out, TargetRestarted."""
         t_end = clock.now() + self.cfg.recovery_timeout_s
         replay = None  # a "replay" span (router/traces.py) from the first failure on, while tracing
         error: BaseException | None = None
@@ -44,6 +58,8 @@ class TargetLink:
                     await self.target.wait_up(max(0.1, t_end - clock.now()))
                     self.down_since = None
                     async with self.target.lock:
+                        if self.process != cached_on:
+                            raise TargetRestarted(f"target {self.name} restarted: its KV caches are gone")
                         resp, compute = await self.target.call_timed(method, request, timeout=self.cfg.rpc_timeout_s)
                     if len(resp.outcomes) != n:
                         raise RpcStatusError(grpc.StatusCode.INTERNAL, "the target answered the wrong number of items")
@@ -53,7 +69,7 @@ class TargetLink:
                         self.down_since = clock.now()
                     if clock.now() >= t_end:
                         raise
-                    log.info("target %s unavailable; replaying the round once it is back", self.name)
+                    log.info("target %s unavailable; waiting for it to come back", self.name)
                     if replay is None:
                         replay = tracing.child("replay", {"specdec.worker": self.target.name, "rpc.method": method})
                     await asyncio.sleep(0.05)
@@ -61,16 +77,17 @@ class TargetLink:
             error = exc
             raise
         finally:
-            if replay is not None:
-                replay.close(error)
+            if replay is not None:  # a restart is no error of the wait: the requests are cached again
+                replay.close(None if isinstance(error, TargetRestarted) else error)
 
-    async def _verify_call(self, request) -> tuple[list[worker_pb2.VerifyOutcome], float | None]:  # noqa: ANN001
-        resp, compute = await self._replayed("Verify", request, len(request.items))
+    async def _verify_call(self, request, cached_on: int) -> tuple[list[worker_pb2.VerifyOutcome], float | None]:  # noqa: ANN001
+        resp, compute = await self._replayed("Verify", request, len(request.items), cached_on)
         return list(resp.outcomes), compute
 
-    async def prefill(self, seqs: list[worker_pb2.Sequence]) -> None:
-        """Cache all but the last token of each sequence (prompt chunks), replayed like a verify."""
-        await self._replayed("Prefill", worker_pb2.PrefillRequest(sequences=seqs), len(seqs))
+    async def prefill(self, seqs: list[worker_pb2.Sequence], cached_on: int) -> None:
+        """Cache all but the last token of each sequence (prompt chunks) on the target process
+        ``cached_on`` (TargetRestarted if another serves)."""
+        await self._replayed("Prefill", worker_pb2.PrefillRequest(sequences=seqs), len(seqs), cached_on)
 
     def encode(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> worker_pb2.VerifyRequest:
         """A round's Verify request: each job's committed tokens (its whole context: the worker's
@@ -80,13 +97,13 @@ class TargetLink:
             add_verify_item(request, job.key, job.state.tokens, job.params, job.mode, draft)
         return request
 
-    async def verify(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> tuple[list, float | None]:
-        """Verify each job's draft: outcomes (or the exception failing that item) in order, and
-        the worker's compute time."""
+    async def verify(self, jobs: Sequence[Job], drafts: Sequence[Draft], cached_on: int) -> tuple[list, float | None]:
+        """Verify each job's draft on the target process ``cached_on`` (TargetRestarted if another
+        serves): outcomes (or the exception failing that item) in order, and the worker's compute time."""
         request = self.encode(jobs, drafts)
         items = request.items
         try:
-            return await self._verify_call(request)
+            return await self._verify_call(request, cached_on)
         except WorkerUnavailable as exc:
             return [exc] * len(items), None
         except grpc.aio.AioRpcError as exc:
@@ -96,7 +113,7 @@ class TargetLink:
         out: list = []
         for item in items:  # isolate the bad item: the others keep being served
             try:
-                out.extend((await self._verify_call(worker_pb2.VerifyRequest(items=[item])))[0])
+                out.extend((await self._verify_call(worker_pb2.VerifyRequest(items=[item]), cached_on))[0])
             except WorkerUnavailable as exc:
                 out.append(exc)
             except grpc.aio.AioRpcError as exc:

@@ -79,12 +79,13 @@ class TelemetryLoop:
             s.balance.update_depth(now)
 
     async def _poll(self, w: WorkerClient) -> None:
+        address = w.address
         try:
             info = await w.stub.Info(worker_pb2.InfoRequest(), timeout=max(5.0, 2 * self.cfg.period_s))
         except (grpc.aio.AioRpcError, AttributeError) as exc:
             log.debug("telemetry poll of %s failed: %s", w.name, exc)
             return
-        w.info = info
+        w.record_info(info, address)
         self.metrics.worker_free_slots.labels(w.role, w.name).set(info.free_slots)
         self.metrics.record_evicted(w.role, w.name, info.evicted)
         if info.HasField("telemetry"):

@@ -15,8 +15,9 @@ A request's trace::
         │   └── specdec.v1.DraftService/Propose
         ├── verify
         │   ├── specdec.v1.TargetService/Verify
-        │   └── replay                        the target restarted: its wait and the replayed call
-        │       └── specdec.v1.TargetService/Verify
+        │   └── replay                        the target did not answer: the wait for it, and the call
+        │       └── specdec.v1.TargetService/Verify    again if the same process came back (a new one: the
+        │                                              tokens are cached again in the prefill spans that follow)
         └── specdec.v1.DraftService/Propose   the next round's pre-draft, made while this one verifies
 
 The phases are named as the round's phases in ``specdec_round_phase_seconds``. A round serves a
@@ -117,6 +118,12 @@ class RoundTrace:
         others = [tracer.start_span(name, context=trace.set_span_in_context(s), links=links) for s in self.spans[1:]]
         return _Phase(lead, others)
 
+    def restarted(self) -> None:
+        """The round ended without a verdict: the target restarted, and its jobs' tokens are
+        cached again in the rounds that follow (not a round of ``SpeculationStats.rounds``)."""
+        for span in self.spans:
+            span.set_attribute("specdec.target_restarted", True)
+
     def outcomes(self, batch: Sequence[Job], drafts: Sequence[Any], outcomes: Sequence[Any]) -> None:
         """Each job's draft length and accepted tokens (or its failure) on its round span."""
         spans = dict(zip(map(id, self.jobs), self.spans))
@@ -160,6 +167,9 @@ class _Off:
         return _NULL
 
     def outcomes(self, batch, drafts, outcomes) -> None:
+        return None
+
+    def restarted(self) -> None:
         return None
 
 

@@ -119,9 +119,12 @@ class WorkerClient:
         self.channel: grpc.aio.Channel | None = None
         self.stub: Any = None
         self.info: worker_pb2.WorkerInfo | None = None
+        self._info_address: str | None = None  # where `info` came from
         self.telemetry = None  # latest specdec.rpc.telemetry.DeviceSample (router/telemetry_loop.py polls it)
         self.up = False
-        self.restarts = 0  # address changes after a failure (a restarted actor)
+        # New worker processes seen after the first (a new address, or a new WorkerInfo.instance at
+        # the same one): each one lost every KV cache the previous one held.
+        self.restarts = 0
         self.down_since: float | None = None  # clock.now() when it went down
         self.last_recovery_s: float | None = None  # how long its last recovery took (for RetryInfo)
         self.lock = asyncio.Lock()  # batch RPCs (Propose / Verify) go one at a time
@@ -149,7 +152,6 @@ class WorkerClient:
         stub_cls = worker_pb2_grpc.DraftServiceStub if self.role == "draft" else worker_pb2_grpc.TargetServiceStub
         self.stub = stub_cls(self.channel)
         if self.address is not None and address != self.address:
-            self.restarts += 1
             log.info("%s worker %s moved from %s to %s (restarted)", self.role, self.name, self.address, address)
         self.address = address
         if old is not None:
@@ -159,7 +161,7 @@ class WorkerClient:
         address = await self.endpoint.resolve(self.resolve_timeout)
         await self._open(address)
         try:
-            self.info = await self.stub.Info(worker_pb2.InfoRequest(), timeout=10.0)
+            self.record_info(await self.stub.Info(worker_pb2.InfoRequest(), timeout=10.0), address)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED and not self._auth_warned:
                 self._auth_warned = True
@@ -172,6 +174,14 @@ class WorkerClient:
             raise WorkerUnavailable(
                 f"{self.role} worker {self.name} at {address}: Info: {exc.code().name}: {exc.details()}"
             ) from None
+
+    def record_info(self, info: worker_pb2.WorkerInfo, address: str | None) -> None:
+        """Keep the Info the worker at ``address`` answered; one from another address or another
+        ``instance`` than the last is a new process (``restarts``), even one that came back on the
+        same address between two calls without any call failing."""
+        if self.info is not None and (address != self._info_address or info.instance != self.info.instance):
+            self.restarts += 1
+        self.info, self._info_address = info, address
 
     def _set_up(self, up: bool) -> None:
         if up != self.up:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 
 import grpc
@@ -65,6 +66,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         self.tokenizer = tokenizer
         self.model_name, self.dtype, self.device = model_name, dtype, device
         self.placement = device_placement(device)  # the router compares draft and target's
+        self.instance = uuid.uuid4().hex  # WorkerInfo.instance: a new one, no caches
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
         self.lock = threading.Lock()  # one model, one forward at a time
         self._tok_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
@@ -117,6 +119,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             "tokenizer_fingerprint": self.tokenizer_spec.fingerprint,
             "placement": self.placement,
             "evicted": self.verifier.slots.evicted,
+            "instance": self.instance,
         }
 
     # ---- RPCs --------------------------------------------------------------------------------

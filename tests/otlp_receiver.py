@@ -33,6 +33,8 @@ class ReceivedSpan:
     attributes: dict = field(hash=False)
     links: tuple[str, ...] = ()  # the linked spans' ids
     status_code: int = 0  # 2: error
+    start_ns: int = 0  # Unix nanoseconds, as exported
+    end_ns: int = 0
 
 
 class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
@@ -58,6 +60,8 @@ class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
                             attributes={a.key: _value(a.value) for a in s.attributes},
                             links=tuple(link.span_id.hex() for link in s.links),
                             status_code=s.status.code,
+                            start_ns=s.start_time_unix_nano,
+                            end_ns=s.end_time_unix_nano,
                         )
                     )
         with self.changed:

@@ -407,23 +407,42 @@ def test_killing_the_draft_worker_fails_open_then_speculation_resumes(service, e
     service.wait_slots_free()
 
 
-def test_killing_the_target_worker_replays_and_completes_unchanged(service, engine, wait_for_restart):
+def test_killing_the_target_worker_caches_the_contexts_again_in_chunks_unchanged(service, engine, wait_for_restart):
+    """Two streams with prompts of several chunks; the target is killed while both run. Ray starts
+    a new process; both requests cache their committed tokens on it again in chunks (never one
+    forward over every context: docs/design.md, Recovery) and complete with the engine's tokens."""
     import ray
 
-    prompt = encode(engine, "The quick brown fox")
-    params = SamplingParams(max_tokens=600, ignore_eos=True, temperature=0.9, seed=99)
-    expected = ref(engine, prompt, params)
+    prompts = [[3 + (i * 11 + j) % 250 for j in range(300)] for i in range(2)]
+    params = [
+        SamplingParams(max_tokens=300, ignore_eos=True, temperature=0.9, seed=99),
+        SamplingParams(max_tokens=300, ignore_eos=True),
+    ]
+    expected = refs(engine, prompts, params)
     old_pid = ray.get(service.target.pid.remote(), timeout=30)
-    t, out = _stream_in_thread(
-        service.client, prompt_token_ids=prompt, max_tokens=600, ignore_eos=True, temperature=0.9, seed=99
-    )
+    recached, chunks = (service.metric(m) for m in ("specdec_recached_requests_total", "specdec_prefill_chunks_total"))
+    streams = [
+        _stream_in_thread(
+            service.client,
+            prompt_token_ids=p,
+            max_tokens=300,
+            ignore_eos=True,
+            temperature=q.temperature,
+            seed=q.seed,
+        )
+        for p, q in zip(prompts, params)
+    ]
     ray.kill(service.target, no_restart=False)
-    t.join(240)
-    assert "error" not in out, out.get("error")
-    tokens = [x for c in out["chunks"] for x in c.token_ids]
-    assert tokens == expected.token_ids  # seeded (invariant): unchanged across the failover
+    for (t, out), want in zip(streams, expected):
+        t.join(240)
+        assert "error" not in out, out.get("error")
+        # greedy and seeded (invariant): unchanged across the restart
+        assert [x for c in out["chunks"] for x in c.token_ids] == want.token_ids
     assert wait_for_restart(service.target, old_pid) != old_pid
     assert service.metric("specdec_worker_restarts_total", {"role": "target"}) >= 1
+    assert service.metric("specdec_recached_requests_total") - recached == 2
+    # each context (a 300-token prompt and what it had generated) came back in chunks of 128
+    assert service.metric("specdec_prefill_chunks_total") - chunks >= 2 * 3 + 2 * 3
     service.wait_slots_free()
 
 

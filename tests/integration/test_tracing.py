@@ -221,8 +221,9 @@ def _check_trace(
     assert root.attributes["gen_ai.usage.output_tokens"] == tokens
     assert root.attributes["gen_ai.response.finish_reasons"] == ["length"]
     assert root.attributes["specdec.speculation.mode"] == "draft"
-    # one round span per round the response reports, each a child of the request's span
-    round_spans = [s for s in mine if s.name == "round"]
+    # one round span per round the response reports, each a child of the request's span (a round
+    # a target restart cut short says so, and is not one of them)
+    round_spans = [s for s in mine if s.name == "round" and not s.attributes.get("specdec.target_restarted")]
     assert len(round_spans) == root.attributes["specdec.rounds"]
     if rounds >= 0:
         assert len(round_spans) == rounds
@@ -240,7 +241,7 @@ def _check_trace(
             assert s.service == "specdec-target-worker" and s.kind == 2  # SERVER
         if s.name == PROPOSE:  # this round's draft, or the next round's pre-draft
             assert by_id[s.parent_id].name in ("draft_wait", "round"), by_id[s.parent_id].name
-    verify = [s for s in mine if s.name == "verify"]
+    verify = [s for s in mine if s.name == "verify" and by_id[s.parent_id] in round_spans]
     assert len(verify) == len(round_spans)
 
 
@@ -272,8 +273,9 @@ def test_each_request_is_one_trace_over_router_and_workers(tiny_paths, tmp_path,
 
 def test_a_restarted_target_shows_as_a_replay(tiny_paths, tmp_path, monkeypatch):
     """The target crashes mid-stream and comes back on its address: the request completes, and its
-    trace shows the round's wait and replayed call as a ``replay`` span under the round's phase,
-    holding the Verify or Prefill the new target process served."""
+    trace shows the round's wait as a ``replay`` span under the round's phase, holding no call (the
+    new process lost the caches the call built on), then ``prefill`` spans whose Prefill calls the
+    new process served, caching the request's tokens again (docs/design.md, Recovery)."""
     _no_otel_env(monkeypatch)
     restarts: list = []
     with otlp_receiver() as rx:
@@ -300,11 +302,11 @@ def test_a_restarted_target_shows_as_a_replay(tiny_paths, tmp_path, monkeypatch)
     (replay,) = replays
     assert by_id[replay.parent_id].name in ("verify", "prefill"), by_id[replay.parent_id].name
     assert replay.service == "specdec-router" and replay.attributes["specdec.worker"] == "target-0"
-    replayed = [s for s in mine if s.parent_id == replay.span_id]
-    assert [(s.service, s.name) for s in replayed] in (
-        [("specdec-target-worker", VERIFY)],
-        [("specdec-target-worker", "specdec.v1.TargetService/Prefill")],
-    ), replayed
+    assert [s for s in mine if s.parent_id == replay.span_id] == [] and replay.status_code != 2
+    recached = [s for s in mine if s.name == "prefill" and s.start_ns > replay.end_ns and s.trace_id == replay.trace_id]
+    assert recached, [s.name for s in mine]
+    calls = [c for p in recached for c in mine if c.parent_id == p.span_id and c.service == "specdec-target-worker"]
+    assert calls and all(c.name == "specdec.v1.TargetService/Prefill" for c in calls)
 
 
 def test_off_without_the_variables(tiny_paths, tmp_path, monkeypatch):

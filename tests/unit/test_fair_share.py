@@ -193,6 +193,7 @@ class _Target:
         self.name = "target-0"
         self.info = worker_pb2.WorkerInfo(num_slots=slots, max_context=8192, vocab_size=256, eos_token_ids=[0])
         self.lock = asyncio.Lock()
+        self.restarts = 0  # the process serving (router/workers.py): a cache belongs to one
         self.prefills: list[dict[str, int]] = []
 
     async def wait_up(self, timeout: float) -> None:
@@ -228,7 +229,7 @@ async def _round_prefill(sched: TargetScheduler, target: _Target) -> dict[str, s
     prompt chunks. Returns the round's chunks as {request id: client}."""
     batch = sched._take(0)
     try:
-        await sched._prefill(batch, verify_tokens=0)
+        await sched._prefill(batch, verify_tokens=0, process=target.restarts)
     finally:
         for job in batch:
             job.in_flight = False

@@ -153,7 +153,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "role", "dtype", "device", "max_context", "vocab_size", "num_slots", "free_slots", "eos_token_ids", "has_chat_template", "telemetry", "tokenizer_fingerprint", "placement", "evicted")
+    __slots__ = ("model", "role", "dtype", "device", "max_context", "vocab_size", "num_slots", "free_slots", "eos_token_ids", "has_chat_template", "telemetry", "tokenizer_fingerprint", "placement", "evicted", "instance")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class WorkerInfo(_message.Message):
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     role: str
     dtype: str
@@ -182,7 +183,8 @@ class WorkerInfo(_message.Message):
     tokenizer_fingerprint: str
     placement: str
     evicted: int
-    def __init__(self, model: _Optional[str] = ..., role: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., telemetry: _Optional[_Union[DeviceTelemetry, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ..., placement: _Optional[str] = ..., evicted: _Optional[int] = ...) -> None: ...
+    instance: str
+    def __init__(self, model: _Optional[str] = ..., role: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., telemetry: _Optional[_Union[DeviceTelemetry, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ..., placement: _Optional[str] = ..., evicted: _Optional[int] = ..., instance: _Optional[str] = ...) -> None: ...
 
 class GetTokenizerRequest(_message.Message):
     __slots__ = ()
