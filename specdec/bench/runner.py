@@ -246,12 +246,19 @@ def prefill_times(
 
 
 def unchunked_prefills(
-    model_spec: str, prompts: Sequence[Sequence[int]], dtype: str = "float32", threads: int | None = None
+    model_spec: str,
+    prompts: Sequence[Sequence[int]],
+    dtype: str = "float32",
+    threads: int | None = None,
+    progress: Callable[[str], None] = lambda _: None,
 ) -> dict:
     """Each prompt prefilled in one forward, one after the other, in this process: the reference a
     service's chunked prefill of the same prompts is held to (`specdec bench serve --workload abuse`)."""
     runner = prefill_runner(model_spec, dtype, max(len(p) for p in prompts), threads)
-    seconds = [prefill_seconds(runner, p)[0] for p in prompts]
+    seconds = []
+    for i, p in enumerate(prompts):
+        seconds.append(prefill_seconds(runner, p)[0])
+        progress(f"reference: prompt {i + 1}/{len(prompts)} of {len(p)} tokens in {seconds[-1]:.1f} s")
     return {
         "model": model_spec,
         "dtype": dtype,

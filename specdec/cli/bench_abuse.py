@@ -42,6 +42,10 @@ def add_abuse_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _progress(msg: str) -> None:
+    print(f"... {msg}", file=sys.stderr, flush=True)
+
+
 def _reference(args: argparse.Namespace, info: dict):
     """The one-forward prefill of the wall's prompts in this process (--engine), or None."""
     if not args.engine:
@@ -55,7 +59,7 @@ def _reference(args: argparse.Namespace, info: dict):
     def reference(prompts: list[list[int]]) -> dict:
         from specdec.bench.runner import unchunked_prefills
 
-        return unchunked_prefills(target, prompts, dtype=dtype, threads=args.engine_threads)
+        return unchunked_prefills(target, prompts, dtype=dtype, threads=args.engine_threads, progress=_progress)
 
     return reference
 
@@ -114,7 +118,7 @@ def bench_abuse(args: argparse.Namespace, prompts, address: str) -> int:
             metrics_url=url,
             server_log=args.server_log,
             reference=reference,
-            progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+            progress=_progress,
         )
     except ConnectionError as exc:
         print(f"error: {exc}", file=sys.stderr)
