@@ -322,6 +322,8 @@ def bench_abuse(
             f"B its request {options.victim_after_s:g} s later"
         )
         before = preemptions(metrics_url)
+        if metrics_url and before is None:
+            progress(f"no router metrics at {metrics_url}: no preemption count")
         wall = _wall(a, b, wall_ids, victim_ids, options, progress)
         after = preemptions(metrics_url)
         wall["victim_idle"] = _victim(idle)
