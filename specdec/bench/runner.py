@@ -179,6 +179,37 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def prefill_runner(model_spec: str, dtype: str, max_len: int, threads: int | None = None) -> ModelRunner:
+    """A one-slot runner of ``model_spec`` for prompts up to ``max_len`` tokens, its kernels loaded
+    (a short forward) so the first timed prefill does not pay for them."""
+    if threads:
+        torch.set_num_threads(threads)
+    loaded = load_model(model_spec, dtype=dtype)
+    runner = ModelRunner(loaded.model, num_slots=1, max_len=max_len + 1)
+    warm = runner.alloc_slot()
+    runner.forward([warm], [[100 + i for i in range(8)]], num_logits=1)
+    runner.free_slot(warm)
+    return runner
+
+
+def prefill_seconds(
+    runner: ModelRunner, prompt: Sequence[int], chunk: int | None = None, invariant: bool | None = None
+) -> tuple[float, torch.Tensor]:
+    """Seconds to prefill ``prompt`` into a fresh slot in chunks of ``chunk`` tokens (None: one
+    forward), and the last token's logits. ``invariant``: the runner's default when None (what a
+    target worker runs)."""
+    chunk = chunk or len(prompt)
+    slot = runner.alloc_slot()
+    try:
+        t0 = time.perf_counter()
+        for at in range(0, len(prompt), chunk):
+            piece = prompt[at : at + chunk]
+            logits = runner.forward([slot], [piece], num_logits=int(at + chunk >= len(prompt)), invariant=invariant)
+        return time.perf_counter() - t0, logits[0]
+    finally:
+        runner.free_slot(slot)
+
+
 def prefill_times(
     model_spec: str,
     chunks: Sequence[int],
@@ -189,32 +220,20 @@ def prefill_times(
     """Seconds to prefill one prompt of ``context_len`` tokens in one forward and in chunks of each
     size in ``chunks``, with the invariant forward (what a greedy or seeded request's prefill runs)
     and the fast one (SDPA). Each invariant way must give the last token bitwise equal logits."""
-    if threads:
-        torch.set_num_threads(threads)
-    loaded = load_model(model_spec, dtype=dtype)
-    runner = ModelRunner(loaded.model, num_slots=1, max_len=context_len + 1)
+    runner = prefill_runner(model_spec, dtype, context_len, threads)
     prompt = [100 + (i * 7919) % (runner.vocab_size - 100) for i in range(context_len)]
-    warm = runner.alloc_slot()
-    runner.forward([warm], [prompt[:8]], num_logits=1)  # load the kernels before the clock starts
-    runner.free_slot(warm)
     rows = []
     for invariant in (True, False):
         want = None
         for chunk in (context_len, *chunks):
-            slot = runner.alloc_slot()
-            t0 = time.perf_counter()
-            for at in range(0, context_len, chunk):
-                piece = prompt[at : at + chunk]
-                logits = runner.forward([slot], [piece], num_logits=int(at + chunk >= context_len), invariant=invariant)
-            seconds = time.perf_counter() - t0
-            runner.free_slot(slot)
-            want = logits[0] if want is None else want
+            seconds, logits = prefill_seconds(runner, prompt, chunk, invariant)
+            want = logits if want is None else want
             rows.append(
                 {
                     "invariant": invariant,
                     "chunk": chunk,
                     "seconds": round(seconds, 4),
-                    "same_logits": bool(torch.equal(logits[0], want)),
+                    "same_logits": bool(torch.equal(logits, want)),
                 }
             )
     return {
@@ -223,6 +242,30 @@ def prefill_times(
         "context_len": context_len,
         "threads": torch.get_num_threads(),
         "rows": rows,
+    }
+
+
+def unchunked_prefills(
+    model_spec: str,
+    prompts: Sequence[Sequence[int]],
+    dtype: str = "float32",
+    threads: int | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict:
+    """Each prompt prefilled in one forward, one after the other, in this process: the reference a
+    service's chunked prefill of the same prompts is held to (`specdec bench serve --workload abuse`)."""
+    runner = prefill_runner(model_spec, dtype, max(len(p) for p in prompts), threads)
+    seconds = []
+    for i, p in enumerate(prompts):
+        seconds.append(prefill_seconds(runner, p)[0])
+        progress(f"reference: prompt {i + 1}/{len(prompts)} of {len(p)} tokens in {seconds[-1]:.1f} s")
+    return {
+        "model": model_spec,
+        "dtype": dtype,
+        "threads": torch.get_num_threads(),
+        "prompt_tokens": [len(p) for p in prompts],
+        "seconds": [round(s, 4) for s in seconds],
+        "total_s": round(sum(seconds), 4),
     }
 
 

@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 
+from specdec.cli.bench_abuse import add_abuse_args
 from specdec.cli.credentials import (
     add_client_credential_args,
     add_server_security_args,
@@ -236,8 +237,8 @@ def _bench_mixed(args: argparse.Namespace, prompts) -> int:
     options = MixedOptions(
         streams=args.streams,
         stream_tokens=args.max_tokens,
-        long_prompts=args.long_prompts,
-        long_tokens=args.long_tokens,
+        long_prompts=MixedOptions.long_prompts if args.long_prompts is None else args.long_prompts,
+        long_tokens=MixedOptions.long_tokens if args.long_tokens is None else args.long_tokens,
         repeat=args.repeat,
         timeout=args.timeout,
     )
@@ -275,6 +276,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
         from specdec.cli.bench_soak import bench_soak
 
         return bench_soak(args, prompts, next(iter(_servers(args.server).values())), _local_tokenizer)
+    if args.workload == "abuse":
+        from specdec.cli.bench_abuse import bench_abuse
+
+        return bench_abuse(args, prompts, next(iter(_servers(args.server).values())))
     args.server = next(iter(_servers(args.server).values()))
     options = bs.BenchOptions(
         max_tokens=args.max_tokens,
@@ -352,17 +357,21 @@ def _add_bench_serve_parser(bsub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--workload",
-        choices=["standard", "mixed", "soak"],
+        choices=["standard", "mixed", "soak", "abuse"],
         default="standard",
         help="standard: closed loop and Poisson scenarios; mixed: a burst of long prompts among short streams; "
-        "soak: minutes of mixed load with cancels and deadlines, memory and KV slots over time",
+        "soak: minutes of mixed load with cancels and deadlines, memory and KV slots over time; "
+        "abuse: one client's wall of long prompts, a burst and never-reading streams beside another "
+        "client's short request, against the idle service (and with --engine, one forward per prompt)",
     )
     p.add_argument("--soak-minutes", type=float, default=5.0, help="soak: how long")
     p.add_argument("--clients", type=int, default=4, help="soak: concurrent clients")
     p.add_argument("--sample-s", type=float, default=15.0, help="soak: seconds between samples")
     p.add_argument("--streams", type=int, default=1, help="mixed: concurrent short streams")
-    p.add_argument("--long-prompts", type=int, default=4, help="mixed: long prompts in the burst")
-    p.add_argument("--long-tokens", type=int, default=3000, help="mixed: tokens per long prompt")
+    p.add_argument(
+        "--long-prompts", type=int, default=None, help="mixed: long prompts in the burst (4); abuse: in the wall (8)"
+    )
+    p.add_argument("--long-tokens", type=int, default=None, help="mixed, abuse: tokens per long prompt (3000, 4000)")
     p.add_argument("--repeat", type=int, default=1, help="mixed: runs per server (alternating servers)")
     p.add_argument("--prompts", default="humaneval:8", help="humaneval, humaneval:N, FILE.jsonl or FILE.jsonl:N")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -429,6 +438,7 @@ def _add_bench_serve_parser(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--fixed-k", action="store_true", help="engine: fixed k instead of adaptive")
     p.add_argument("--json", default=None, metavar="OUT", help="write the full result here")
     add_client_credential_args(p)
+    add_abuse_args(p)
     p.set_defaults(func=_bench_serve)
 
 
