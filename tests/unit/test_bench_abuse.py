@@ -5,8 +5,6 @@ prompts, and the flags it refuses (the scenarios themselves: tests/integration/t
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
@@ -20,6 +18,7 @@ from specdec.bench.serve_abuse_report import (
     preemptions,
 )
 from specdec.core.prompts import Prompt
+from tests.static_metrics import static_metrics
 
 OUTCOMES = [("OK", False)] * 3 + [("RESOURCE_EXHAUSTED", True)] * 2
 
@@ -161,23 +160,9 @@ specdec_preemptions_created{model="a"} 1.7e9
 """
 
 
-class _Metrics(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(METRICS.encode())
-
-    def log_message(self, *args):
-        pass
-
-
 def test_preemptions_are_summed_over_labels():
-    server = HTTPServer(("127.0.0.1", 0), _Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        assert preemptions(f"http://127.0.0.1:{server.server_address[1]}/metrics") == 3.0
-    finally:
-        server.shutdown()
+    with static_metrics(METRICS) as url:
+        assert preemptions(url) == 3.0
     assert preemptions(None) is None
 
 

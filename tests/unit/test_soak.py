@@ -4,10 +4,9 @@ for an address nothing listens on (the soak itself runs against `specdec serve`:
 from __future__ import annotations
 
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from specdec.bench.soak import _local_processes, _sample, format_soak
+from tests.static_metrics import static_metrics
 
 METRICS = """# HELP specdec_running_requests Requests being decoded
 specdec_running_requests 3.0
@@ -20,24 +19,9 @@ specdec_worker_rss_bytes{worker="target-0",role="target"} 2.097152e+08
 """
 
 
-class _Metrics(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(METRICS.encode())
-
-    def log_message(self, *args):
-        pass
-
-
 def test_a_sample_from_metrics_and_the_table():
-    server = HTTPServer(("127.0.0.1", 0), _Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    with static_metrics(METRICS) as url:
         s = _sample(0.0, url, {}, done=7)
-    finally:
-        server.shutdown()
     assert s["rss_mb"] == {"router": 100.0, "target-0": 200.0} and s["open_fds"] == 51.0
     assert (s["running"], s["queued"], s["requests_done"]) == (3.0, 1.0, 7)
     assert s["free_slots"] == {"target-0": 2, "draft-0": 4}
