@@ -17,6 +17,8 @@ Scenarios, one after the other:
   ``unread_wait_s`` (a 1 KB flow-control window, so the server's writes block), then read on: the
   status each call ends with as the client sees it; given the server's log, their access lines by
   status and the ERROR lines the scenario left (the wait ends once every access line is there).
+* **restart** (when the caller passes a target worker's pid: the CLI's ``--kill-target``): long
+  streams, undisturbed and then with the target killed mid-stream (specdec/bench/serve_restart.py).
 
 Who is who: the router tells clients apart by bearer token, else by peer address without the port
 (router/client_limit.py). Every client here runs in this process, so without a token of its own
@@ -46,6 +48,7 @@ from specdec.bench.serve_abuse_report import (
     error_lines,
     preemptions,
 )
+from specdec.bench.serve_restart import RestartOptions, restart_scenario
 from specdec.core.prompts import Prompt
 from specdec.rpc import generate_pb2_grpc
 from specdec.rpc.client import SpecdecClient, build_request
@@ -285,12 +288,14 @@ def bench_abuse(
     metrics_url: str | None = None,
     server_log: str | None = None,
     reference: Callable[[list[list[int]]], dict[str, Any]] | None = None,
+    restart: tuple[int, RestartOptions] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The scenarios against the service at ``address``. ``credentials``: client B's (and the
     burst's and the unread streams'); ``abuse_credentials``: client A's (None: B's, so the router
     sees one client). ``reference(prompts)``: each prefilled in one forward (the CLI passes
-    specdec.bench.runner.unchunked_prefills); None: no ratio."""
+    specdec.bench.runner.unchunked_prefills); None: no ratio. ``restart``: (a local target worker's
+    pid, the restart scenario's options); None: no restart scenario."""
     options.check()
     progress = progress or (lambda msg: None)
     credentials = credentials or ClientCredentials.load()
@@ -333,6 +338,11 @@ def bench_abuse(
         result["burst"] = _burst(b, victim_ids, options)
     progress(f"unread: {options.unread_streams} streams that never read")
     result["unread"] = _unread(address, credentials, victim_ids, options, log, progress)
+    if restart is not None:
+        pid, ro = restart
+        with SpecdecClient(address, wait_ready=30.0, credentials=credentials) as b:
+            ids = wall_prompts(lambda text: b.tokenize(text).token_ids, prompts, ro.streams, ro.tokens)
+            result["restart"] = restart_scenario(b, ids, pid, ro, progress)
     result["server_error_lines"] = error_lines(log.lines_since(start)) if server_log else None
     if reference is not None:
         progress(f"reference: the same {len(wall_ids)} prompts, each in one forward, in this process")

@@ -141,6 +141,16 @@ def format_abuse(result: dict[str, Any]) -> str:
         f"| unread | ERROR lines in the server log (scenario / whole run) | | "
         f"{_v(unread.get('server_error_lines'))} / {_v(result.get('server_error_lines'))} | |",
     ]
+    rs = result.get("restart")
+    if rs:
+        same = f"{sum(rs['identical'])}/{len(rs['identical'])}"
+        lines += [
+            f"| restart | {rs['streams']} streams of {rs['prompt_tokens']} tokens: their prefill / the stall "
+            f"after SIGKILL to the target, s | {_v(rs['prefill_s'])} | {_v(rs['stall_s'])} | "
+            f"{_x(rs['stall_vs_prefill'])} |",
+            f"| restart | streams equal to the undisturbed run; errors | | {same}; {len(rs['errors'])} | |",
+        ]
+        lines += [f"error (restart): {e}" for e in rs["errors"][:3]]
     firsts = (("A", wall["a_first_error"]), ("B idle", b_idle["error"]), ("B", b["error"]))
     lines += [f"error ({name}): {e}" for name, e in firsts if e]
     return "\n".join(lines)

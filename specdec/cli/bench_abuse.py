@@ -34,6 +34,17 @@ def add_abuse_args(p: argparse.ArgumentParser) -> None:
         "router.stream_write_timeout_s, 30 s; with --server-log the wait ends once it has)",
     )
     g.add_argument(
+        "--kill-target",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="also the restart scenario: SIGKILL to this target worker process (on this machine) while "
+        "--restart-streams streams of --restart-tokens prompt tokens run; the stall against their prefill",
+    )
+    g.add_argument("--restart-streams", type=int, default=2, help="restart: concurrent long streams")
+    g.add_argument("--restart-tokens", type=int, default=3500, help="restart: prompt tokens per stream")
+    g.add_argument("--restart-max-tokens", type=int, default=64, help="restart: tokens each stream generates")
+    g.add_argument(
         "--server-log",
         default=None,
         metavar="PATH",
@@ -71,6 +82,7 @@ def bench_abuse(args: argparse.Namespace, prompts, address: str) -> int:
     from specdec.bench.serve_abuse import AbuseOptions
     from specdec.bench.serve_abuse import bench_abuse as run
     from specdec.bench.serve_abuse_report import format_abuse
+    from specdec.bench.serve_restart import RestartOptions
     from specdec.rpc.client_credentials import ClientCredentials
 
     options = AbuseOptions(
@@ -84,8 +96,18 @@ def bench_abuse(args: argparse.Namespace, prompts, address: str) -> int:
         timeout=args.timeout,
         warmup=not args.no_warmup,
     )
+    restart = None
     try:
         options.check()
+        if args.kill_target is not None:
+            ro = RestartOptions(
+                streams=args.restart_streams,
+                tokens=args.restart_tokens,
+                max_tokens=args.restart_max_tokens,
+                timeout=args.timeout,
+            )
+            ro.check()
+            restart = (args.kill_target, ro)
         if args.server_log and not os.path.isfile(args.server_log):
             raise ValueError(f"--server-log {args.server_log}: no such file")
         abuse_credentials = None
@@ -118,6 +140,7 @@ def bench_abuse(args: argparse.Namespace, prompts, address: str) -> int:
             metrics_url=url,
             server_log=args.server_log,
             reference=reference,
+            restart=restart,
             progress=_progress,
         )
     except ConnectionError as exc:

@@ -16,7 +16,7 @@ from specdec.rpc.client_credentials import ClientCredentials
 from tests.integration.service_fixture import running_service
 
 TOKEN_A, TOKEN_B = "abuse-wall-" + "a" * 16, "abuse-victim-" + "b" * 16
-BURST, PER_CLIENT, UNREAD, LONG_PROMPTS, LONG_TOKENS = 40, 4, 2, 2, 200
+BURST, PER_CLIENT, UNREAD, LONG_PROMPTS, LONG_TOKENS, RESTART_TOKENS = 40, 4, 2, 2, 200, 300
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,11 @@ def server_log(tmp_path):
         handler.close()
 
 
-def test_the_abuse_workload_reports_every_scenario(service, tokens, tiny_paths, server_log, tmp_path, monkeypatch):
+def test_the_abuse_workload_reports_every_scenario(
+    service, tokens, tiny_paths, server_log, tmp_path, monkeypatch, wait_for_restart
+):
+    import ray
+
     from specdec.cli.main import main
 
     monkeypatch.delenv("SPECDEC_API_TOKEN", raising=False)
@@ -77,9 +81,14 @@ def test_the_abuse_workload_reports_every_scenario(service, tokens, tiny_paths, 
     flags += ["--metrics-url", f"http://127.0.0.1:{service.router.router.metrics_port}/metrics"]
     flags += ["--server-log", str(server_log), "--json", str(report)]
     flags += ["--engine", "--engine-target", str(tiny_paths["llama"]), "--engine-dtype", "float32"]
+    # the restart scenario: the target worker's process killed while two long streams run (Ray starts another)
+    pid = ray.get(service.target.pid.remote(), timeout=30)
+    flags += ["--kill-target", str(pid), "--restart-streams", "2", "--restart-tokens", str(RESTART_TOKENS)]
+    flags += ["--restart-max-tokens", "600"]  # streams that last: the kill comes a second after their first tokens
+    recached = service.metric("specdec_recached_requests_total")
     assert main(flags) == 0
     result = json.loads(report.read_text())
-    assert {"wall", "burst", "unread", "reference"} <= set(result) and result["same_client"] is False
+    assert {"wall", "burst", "unread", "reference", "restart"} <= set(result) and result["same_client"] is False
 
     wall = result["wall"]
     assert wall["a_errors"] == 0 and wall["a_total_s"] > 0 and wall["preemptions"] >= 0
@@ -103,4 +112,12 @@ def test_the_abuse_workload_reports_every_scenario(service, tokens, tiny_paths, 
     assert sum(unread["server_status"].values()) == UNREAD
     assert set(unread["server_status"]) <= {"CANCELLED", "DEADLINE_EXCEEDED"}, unread
     assert unread["server_error_lines"] == 0 and result["server_error_lines"] == 0
+
+    restart = result["restart"]
+    assert restart["killed"] and restart["errors"] == [] and restart["identical"] == [True, True], restart
+    assert restart["tokens"] == [600, 600] and 0 < restart["prefill_s"] and 0 < restart["stall_s"]
+    assert restart["stall_vs_prefill"] == round(restart["stall_s"] / restart["prefill_s"], 3)
+    # both streams were running on the process that died: both cached their tokens again in chunks
+    assert service.metric("specdec_recached_requests_total") - recached == 2
+    assert wait_for_restart(service.target, pid) != pid
     service.wait_slots_free()

@@ -113,6 +113,17 @@ def test_the_ratios_come_from_the_numbers_beside_them():
     add_ratios(no_ref)
     assert no_ref["wall"]["a_total_vs_reference"] is None and no_ref["wall"]["victim_ttft_vs_idle"] is None
     assert "--engine times it" in format_abuse(no_ref)
+    r["restart"] = {
+        "streams": 2,
+        "prompt_tokens": 3500,
+        "prefill_s": 10.0,
+        "stall_s": 14.0,
+        "stall_vs_prefill": 1.4,
+        "identical": [True, False],
+        "errors": ["DEADLINE_EXCEEDED: late"],
+    }
+    table = format_abuse(r)
+    assert "| 10.0 | 14.0 | 1.40x |" in table and "| 1/2; 1 |" in table and "DEADLINE_EXCEEDED: late" in table
 
 
 def test_the_wall_is_the_sets_text_cut_to_exact_lengths():
@@ -151,6 +162,8 @@ def test_the_command_refuses_a_bad_flag_before_calling_the_server(tmp_path, caps
     assert "--unread-streams must be at least 1" in capsys.readouterr().err
     assert main([*base, "--server-log", str(tmp_path / "missing.log")]) == 2
     assert "--server-log" in capsys.readouterr().err
+    assert main([*base, "--kill-target", "1", "--restart-max-tokens", "1"]) == 2
+    assert "at least 2 tokens" in capsys.readouterr().err
 
 
 METRICS = """# TYPE specdec_preemptions counter
