@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from specdec.rpc.api_security import SecurityConfig
+from specdec.rpc.log_format import JsonFormatter
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,18 @@ def dial_address(host: str, port: int) -> str:
     return f"{_dial_host(host)}:{port}"
 
 
-def gateway_command(router: str, host: str, port: int, security: SecurityConfig) -> list[str]:
+def _log_format() -> str:
+    """This process's: `specdec serve --log-format json` gives the gateway's lines the same form."""
+    json_lines = any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
+    return "json" if json_lines else "text"
+
+
+def gateway_command(
+    router: str, host: str, port: int, security: SecurityConfig, log_format: str | None = None
+) -> list[str]:
+    """``log_format``: text or json; None: the same as this process's root handlers."""
     cmd = [sys.executable, "-m", "gateway", "--router", router, "--host", host, "--port", str(port)]
+    cmd += ["--log-format", log_format or _log_format()]
     cmd += ["--exit-with-parent", str(os.getpid())]  # it goes when `specdec serve` does, however it ends
     if security.tls:
         cmd += ["--tls-cert", security.tls_cert, "--tls-key", security.tls_key]
@@ -81,11 +92,17 @@ def _listening(host: str, port: int) -> bool:
 
 
 def start_gateway(
-    router: str, host: str, port: int, security: SecurityConfig, timeout: float = 60.0, **popen
+    router: str,
+    host: str,
+    port: int,
+    security: SecurityConfig,
+    timeout: float = 60.0,
+    log_format: str | None = None,
+    **popen,
 ) -> GatewayProcess:
     """Start ``python -m gateway`` and return once it accepts connections (RuntimeError if it exits
     first, or does not listen within ``timeout``). ``popen``: extra ``subprocess.Popen`` arguments."""
-    cmd = gateway_command(router, host, port, security)
+    cmd = gateway_command(router, host, port, security, log_format)
     # The gateway holds no secret but its TLS key: not the worker secret, not Ray's token.
     env = {k: v for k, v in (popen.pop("env", None) or os.environ).items() if k not in _NOT_FOR_THE_GATEWAY}
     proc = subprocess.Popen(cmd, env=env, **popen)

@@ -16,6 +16,7 @@ import uvicorn
 
 from gateway.app import GatewayConfig, create_app
 from specdec.rpc.client_credentials import ClientCredentials
+from specdec.rpc.log_format import LOG_FORMATS, TEXT_FORMAT, set_log_format
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,6 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--router-key", default=None, help="mTLS to the router: its key")
     p.add_argument("--timeout", type=float, default=None, help="deadline per request, seconds (default none)")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--log-format", choices=LOG_FORMATS, default="text", help="text lines or JSON objects, as specdec serve's"
+    )
     p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID", help="stop when process PID is gone")
     args = p.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -56,7 +60,8 @@ def exit_with_parent(pid: int, period_s: float = 0.5) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format=TEXT_FORMAT)
+    set_log_format(args.log_format)
     if args.exit_with_parent is not None:
         exit_with_parent(args.exit_with_parent)
     credentials = ClientCredentials(
@@ -68,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
         tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
         if args.tls_client_ca:
             tls.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
-    # access_log off: the router writes the one access line per request (router/access_log.py)
+    # uvicorn's access log off: the router writes the one access line per request (router/access_log.py),
+    # the gateway only that of a request it refuses itself (gateway/access.py)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, **tls)
 
 
