@@ -15,8 +15,8 @@ import time
 import uvicorn
 
 from gateway.app import GatewayConfig, create_app
+from specdec.core.log_format import LOG_FORMATS, TEXT_FORMAT, set_log_format
 from specdec.rpc.client_credentials import ClientCredentials
-from specdec.rpc.log_format import LOG_FORMATS, TEXT_FORMAT, set_log_format
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,7 +28,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tls-key", default=None, help="HTTPS: its private key (PEM)")
     p.add_argument("--tls-client-ca", default=None, help="mTLS: require client certificates signed by this CA")
     p.add_argument("--router-tls", action="store_true", help="reach the router over TLS (system roots)")
-    p.add_argument("--router-ca", default=None, help="reach the router over TLS, trusting this CA (PEM)")
+    p.add_argument(
+        "--router-ca",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="reach the router over TLS, trusting this CA; repeatable: the first file that exists (a TLS "
+        "Secret's ca.crt when it has one, else its self-signed tls.crt)",
+    )
+    p.add_argument(
+        "--router-server-name", default=None, help="TLS: the name the router's certificate has, if not its host"
+    )
     p.add_argument("--router-cert", default=None, help="mTLS to the router: the gateway's certificate")
     p.add_argument("--router-key", default=None, help="mTLS to the router: its key")
     p.add_argument("--timeout", type=float, default=None, help="deadline per request, seconds (default none)")
@@ -38,6 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID", help="stop when process PID is gone")
     args = p.parse_args(argv)
+    if args.router_ca:
+        found = next((c for c in args.router_ca if os.path.isfile(c)), None)
+        if found is None:
+            p.error(f"--router-ca: none of these files exists: {', '.join(args.router_ca)}")
+        args.router_ca = found
+    else:
+        args.router_ca = None
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
@@ -67,7 +84,10 @@ def main(argv: list[str] | None = None) -> None:
     credentials = ClientCredentials(
         token=None, tls=args.router_tls, ca=args.router_ca, cert=args.router_cert, key=args.router_key
     )
-    app = create_app(GatewayConfig(router=args.router, credentials=credentials, timeout=args.timeout))
+    config = GatewayConfig(
+        router=args.router, credentials=credentials, timeout=args.timeout, router_server_name=args.router_server_name
+    )
+    app = create_app(config)
     tls = {}
     if args.tls_cert:
         tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}

@@ -2,7 +2,7 @@
 parameter this service does not implement, an unknown route): the router writes the line of every
 request that reaches it, so these would otherwise leave no trace.
 
-The line is the router's (router/access_log.py, the same formatting: specdec/rpc/log_format.py) with
+The line is the router's (router/access_log.py, the same formatting: specdec/core/log_format.py) with
 the same fields, ``rpc`` being the HTTP method and path and ``status`` the gRPC code the refusal
 stands for (so one query counts refusals over both logs), plus ``http_status`` and ``error_code``
 (the OpenAI error's ``code``).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from specdec.rpc.log_format import log_access
+from specdec.core.log_format import log_access
 
 __all__ = ["log_refusal", "GRPC_STATUS"]
 

@@ -56,6 +56,7 @@ class GatewayConfig:
     router: str = "127.0.0.1:50051"
     credentials: ClientCredentials = field(default_factory=ClientCredentials)
     timeout: float | None = None
+    router_server_name: str | None = None  # TLS: the name the router's certificate has, if not its host
 
 
 class _Models:
@@ -143,7 +144,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         traced_now = traced and tracing.setup("specdec-gateway")
-        state["client"] = AsyncSpecdecClient(config.router, timeout=config.timeout, credentials=config.credentials)
+        state["client"] = AsyncSpecdecClient(
+            config.router,
+            timeout=config.timeout,
+            credentials=config.credentials,
+            server_name=config.router_server_name,
+        )
         state["models"] = _Models()
         log.info("gateway: OpenAI-compatible API over the router at %s", config.router)
         try:
@@ -169,9 +175,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
+        # the caller's token goes on: with a token on health (security.exempt without it) the router asks
         try:
-            status = await state["client"].health(timeout=5)
+            status = await state["client"].health(timeout=5, metadata=_metadata(request))
         except Exception:  # noqa: BLE001 - any failure to reach the router is "not serving"
             status = "UNREACHABLE"
         return JSONResponse(

@@ -4,7 +4,7 @@ Fields: rpc, request_id, model, status (the gRPC code name, OK on success), fini
 prompt_tokens, completion_tokens, ttft_ms, total_ms, acceptance_rate, peer. Never the prompt or
 the completion text. The line reads ``key=value ...``; the record also carries the fields as a
 dict (``record.access``), which ``specdec serve --log-format json`` writes as a JSON object
-(specdec/rpc/log_format.py, shared with the HTTP gateway's own refusals).
+(specdec/core/log_format.py, shared with the HTTP gateway's own refusals).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router import clock
-from specdec.rpc.log_format import ACCESS_LOGGER, log_access
+from specdec.core.log_format import ACCESS_LOGGER, log_access
 
 __all__ = ["ACCESS_LOGGER", "AccessRecord"]
 

@@ -21,7 +21,7 @@ from specdec.cli.models import add_models
 from specdec.cli.plan import add_plan
 from specdec.cli.serve import add_serve
 from specdec.core import packs
-from specdec.rpc.log_format import TEXT_FORMAT
+from specdec.core.log_format import TEXT_FORMAT
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from specdec.cli.credentials import (
 )
 from specdec.cli.exit_codes import FAILED, OK, USAGE
 from specdec.core.dtypes import DTYPE_NAMES
-from specdec.rpc.log_format import LOG_FORMATS, set_log_format
+from specdec.core.log_format import LOG_FORMATS, set_log_format
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from router.validate import (
     finalize,
     parse,
 )
+from specdec.core.log_format import JsonFormatter, set_log_format
 from specdec.core.params import InvalidParams
 from specdec.rpc import generate_pb2
-from specdec.rpc.log_format import JsonFormatter, set_log_format
 
 LIMITS = Limits.for_model(max_context=64)
 
