@@ -15,6 +15,7 @@ import time
 import uvicorn
 
 from gateway.app import GatewayConfig, create_app
+from specdec.core.log_format import LOG_FORMATS, TEXT_FORMAT, set_log_format
 from specdec.rpc.client_credentials import ClientCredentials
 
 
@@ -27,13 +28,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tls-key", default=None, help="HTTPS: its private key (PEM)")
     p.add_argument("--tls-client-ca", default=None, help="mTLS: require client certificates signed by this CA")
     p.add_argument("--router-tls", action="store_true", help="reach the router over TLS (system roots)")
-    p.add_argument("--router-ca", default=None, help="reach the router over TLS, trusting this CA (PEM)")
+    p.add_argument(
+        "--router-ca",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="reach the router over TLS, trusting this CA; repeatable: the first file that exists (a TLS "
+        "Secret's ca.crt when it has one, else its self-signed tls.crt)",
+    )
+    p.add_argument(
+        "--router-server-name", default=None, help="TLS: the name the router's certificate has, if not its host"
+    )
     p.add_argument("--router-cert", default=None, help="mTLS to the router: the gateway's certificate")
     p.add_argument("--router-key", default=None, help="mTLS to the router: its key")
     p.add_argument("--timeout", type=float, default=None, help="deadline per request, seconds (default none)")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--log-format", choices=LOG_FORMATS, default="text", help="text lines or JSON objects, as specdec serve's"
+    )
     p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID", help="stop when process PID is gone")
     args = p.parse_args(argv)
+    if args.router_ca:
+        found = next((c for c in args.router_ca if os.path.isfile(c)), None)
+        if found is None:
+            p.error(f"--router-ca: none of these files exists: {', '.join(args.router_ca)}")
+        args.router_ca = found
+    else:
+        args.router_ca = None
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
@@ -56,19 +77,24 @@ def exit_with_parent(pid: int, period_s: float = 0.5) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format=TEXT_FORMAT)
+    set_log_format(args.log_format)
     if args.exit_with_parent is not None:
         exit_with_parent(args.exit_with_parent)
     credentials = ClientCredentials(
         token=None, tls=args.router_tls, ca=args.router_ca, cert=args.router_cert, key=args.router_key
     )
-    app = create_app(GatewayConfig(router=args.router, credentials=credentials, timeout=args.timeout))
+    config = GatewayConfig(
+        router=args.router, credentials=credentials, timeout=args.timeout, router_server_name=args.router_server_name
+    )
+    app = create_app(config)
     tls = {}
     if args.tls_cert:
         tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
         if args.tls_client_ca:
             tls.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
-    # access_log off: the router writes the one access line per request (router/access_log.py)
+    # uvicorn's access log off: the router writes the one access line per request (router/access_log.py),
+    # the gateway only that of a request it refuses itself (gateway/access.py)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, **tls)
 
 

@@ -27,6 +27,7 @@ class ApiError(Exception):
     param: str | None = None
     code: str | None = None
     retry_after: float | None = None  # seconds
+    relayed: bool = False  # the router's refusal (the router logged it), not the gateway's own
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -75,4 +76,4 @@ def from_specdec_error(exc: SpecdecError, renames: dict[str, str] | None = None)
     message = exc.details() or code.name
     if param and exc.field and param != exc.field and message.startswith(exc.field + ": "):
         message = param + ": " + message[len(exc.field) + 2 :]
-    return ApiError(status, message, kind, param, name, exc.retry_delay)
+    return ApiError(status, message, kind, param, name, exc.retry_delay, relayed=True)

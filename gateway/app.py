@@ -24,11 +24,15 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from gateway.access import log_refusal
 from gateway.api_error import ApiError, from_specdec_error
 from gateway.event_stream import EventStreamResponse
 from gateway.http_spans import HttpSpans
+from gateway.metrics import GatewayMetrics
+from gateway.observe import Observed, timing
 from gateway.openai_request import OpenAIRequest, parse_chat, parse_completion
 from gateway.openai_response import DONE, Reply, models_list, sse
 from specdec.rpc import tracing
@@ -52,6 +56,7 @@ class GatewayConfig:
     router: str = "127.0.0.1:50051"
     credentials: ClientCredentials = field(default_factory=ClientCredentials)
     timeout: float | None = None
+    router_server_name: str | None = None  # TLS: the name the router's certificate has, if not its host
 
 
 class _Models:
@@ -102,8 +107,14 @@ async def _json(request: Request) -> dict:
     return body
 
 
-def _error_response(err: ApiError, request_id: str | None = None) -> JSONResponse:
+def _error_response(request: Request, err: ApiError) -> JSONResponse:
+    """The error, with the request's id; a refusal of the gateway's own (the router never saw the
+    request, so wrote no line) gets its access line here (gateway/access.py)."""
     headers = err.headers()
+    request_id = request.headers.get(REQUEST_ID_HEADER)
+    if not err.relayed:
+        request_id = request_id or _request_id(request)
+        log_refusal(request.scope, timing(request.scope).t_arrive, err.status, err.code, request_id)
     if request_id:
         headers[REQUEST_ID_HEADER] = request_id
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
@@ -127,12 +138,18 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 def create_app(config: GatewayConfig) -> FastAPI:
     state: dict[str, Any] = {}
+    metrics = GatewayMetrics()
     traced = tracing.wanted()  # the OTEL_* variables (specdec/rpc/tracing.py); off: no span code at all
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         traced_now = traced and tracing.setup("specdec-gateway")
-        state["client"] = AsyncSpecdecClient(config.router, timeout=config.timeout, credentials=config.credentials)
+        state["client"] = AsyncSpecdecClient(
+            config.router,
+            timeout=config.timeout,
+            credentials=config.credentials,
+            server_name=config.router_server_name,
+        )
         state["models"] = _Models()
         log.info("gateway: OpenAI-compatible API over the router at %s", config.router)
         try:
@@ -146,17 +163,22 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError) -> JSONResponse:
-        return _error_response(err, request.headers.get(REQUEST_ID_HEADER))
+        return _error_response(request, err)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-        return _error_response(ApiError(exc.status_code, str(exc.detail), kind, code=kind))
+        return _error_response(request, ApiError(exc.status_code, str(exc.detail), kind, code=kind))
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
+        # the caller's token goes on: with a token on health (security.exempt without it) the router asks
         try:
-            status = await state["client"].health(timeout=5)
+            status = await state["client"].health(timeout=5, metadata=_metadata(request))
         except Exception:  # noqa: BLE001 - any failure to reach the router is "not serving"
             status = "UNREACHABLE"
         return JSONResponse(
@@ -177,9 +199,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
         metadata = _metadata(request)
         rid = parsed.request.request_id
         headers = {REQUEST_ID_HEADER: rid}
+        t = timing(request.scope)  # the gateway's own work (gateway/metrics.py)
         if not parsed.stream:
             try:
+                t.t_issued = time.perf_counter()
                 out = await _cancel_on_disconnect(request, client.generate_request(parsed.request, metadata=metadata))
+                t.t_last = time.perf_counter()
                 model, fingerprint = await state["models"].default_and_fingerprint(client, metadata)
             except SpecdecError as exc:
                 raise from_specdec_error(exc, parsed.renames) from None
@@ -187,6 +212,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         # The first chunk before the status line: a refused request gets its HTTP error status.
         stream = client.stream_request(parsed.request, metadata=metadata)
         try:
+            t.t_issued = time.perf_counter()
             first = await anext(stream)
             model, fingerprint = await state["models"].default_and_fingerprint(client, metadata)
         except SpecdecError as exc:
@@ -202,7 +228,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
             try:
                 while True:
                     yield sse(reply.chunk(chunk, parsed.include_usage))
+                    # resumed once the server took the bytes: the chunk's time in the gateway
+                    metrics.chunk_seconds.observe(time.perf_counter() - chunk.time)
                     if chunk.finish_reason is not None:
+                        t.t_last = chunk.time
                         if parsed.include_usage:
                             yield sse(reply.usage_chunk(chunk.usage))
                         yield DONE
@@ -225,6 +254,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await generate(request, parse_chat(await _json(request), _request_id(request)), chat=True)
 
+    routes = frozenset(r.path for r in app.routes)
+    app.add_middleware(Observed, metrics=metrics, routes=routes)
     if traced:
-        app.add_middleware(HttpSpans, routes=frozenset(r.path for r in app.routes))
+        app.add_middleware(HttpSpans, routes=routes)
     return app

@@ -3,30 +3,19 @@
 Fields: rpc, request_id, model, status (the gRPC code name, OK on success), finish_reason,
 prompt_tokens, completion_tokens, ttft_ms, total_ms, acceptance_rate, peer. Never the prompt or
 the completion text. The line reads ``key=value ...``; the record also carries the fields as a
-dict (``record.access``), which ``specdec serve --log-format json`` writes as a JSON object.
+dict (``record.access``), which ``specdec serve --log-format json`` writes as a JSON object
+(specdec/core/log_format.py, shared with the HTTP gateway's own refusals).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from router import clock
+from specdec.core.log_format import ACCESS_LOGGER, log_access
 
 __all__ = ["ACCESS_LOGGER", "AccessRecord"]
-
-ACCESS_LOGGER = "specdec.access"
-_log = logging.getLogger(ACCESS_LOGGER)
-
-
-def _text(value: Any) -> str:
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, str) and (not value or any(c in value for c in ' "=\\')):
-        return json.dumps(value)
-    return str(value)
 
 
 @dataclass
@@ -66,5 +55,4 @@ class AccessRecord:
         if self._emitted:
             return
         self._emitted = True
-        fields = self.fields()
-        _log.info(" ".join(f"{k}={_text(v)}" for k, v in fields.items()), extra={"access": fields})
+        log_access(self.fields())

@@ -383,7 +383,8 @@ def _scenarios(
                 f"closed c=1, modes {', '.join(options.modes)}{' + engine' if engine else ''}, "
                 f"api {', '.join(runners)} interleaved: {n} requests each"
             )
-            results.extend(_interleaved(runners, prompts, n, options.modes, engine, url))
+            _mark_gateway(runners)
+            results.extend(_with_gateway_cost(runners, _interleaved(runners, prompts, n, options.modes, engine, url)))
             continue
         name = f"closed c={x}" if kind == "closed" else f"poisson {x}/s"
         shared = kind == "closed" and int(x) > 1 and len(runners) > 1
@@ -393,16 +394,20 @@ def _scenarios(
             for apis, run_runners in runs:
                 progress(f"{name}, mode {mode}, api {' + '.join(apis)}{' at once' if shared else ''}: {n} requests")
                 before = scrape(url)
+                _mark_gateway(runners, apis)
                 if kind == "closed":
                     records, wall = _closed_loop(run_runners, prompts, n, int(x), mode)
                 else:
                     records, wall = _poisson(run_runners[0], prompts, n, float(x), mode, options.seed)
                 split = phase_split(before, scrape(url))
+                gateway_cost = runners["http"].cost() if "http" in apis else None
                 for api in apis:
                     own = [r for r in records if r["api"] == api]
                     summary = summarize(own, wall)
                     if split is not None:
                         summary["split"] = split  # the service's, for the run: shared by its APIs
+                    if api == "http" and gateway_cost is not None:
+                        summary["gateway_cost"] = gateway_cost  # measured inside the gateway
                     results.append(
                         {
                             "scenario": name,
@@ -415,4 +420,18 @@ def _scenarios(
                             "records": own,
                         }
                     )
+    return results
+
+
+def _mark_gateway(runners: dict[str, Any], apis: Sequence[str] | None = None) -> None:
+    if "http" in runners and (apis is None or "http" in apis):
+        runners["http"].mark()
+
+
+def _with_gateway_cost(runners: dict[str, Any], results: list[dict]) -> list[dict]:
+    """The gateway's own cost over an interleaved run, on its HTTP results (all modes together)."""
+    cost = runners["http"].cost() if "http" in runners else None
+    for r in results:
+        if r["api"] == "http" and cost is not None:
+            r["summary"]["gateway_cost"] = cost
     return results

@@ -9,6 +9,11 @@ ids: ``tokens`` is the usage chunk's ``completion_tokens`` and ``token_ids`` is 
 The scenarios (closed loop, Poisson, interleaved) are the gRPC driver's, thread-based; every HTTP
 request runs on one event loop with one async client (its connection pool), as an async service's
 client would, and each thread waits on its own request's future.
+
+The gateway's own cost is read from its ``/metrics`` (gateway/metrics.py) before and after each
+scenario (:meth:`HttpRunner.mark`, :meth:`HttpRunner.cost`): the p50 and p99 of its work per request
+and per chunk, measured inside it, since a round on a CPU takes far longer than the milliseconds the
+HTTP - gRPC latency difference would have to resolve.
 """
 
 from __future__ import annotations
@@ -31,10 +36,68 @@ if TYPE_CHECKING:
 
     from specdec.bench.serve import BenchOptions
 
-__all__ = ["HttpRunner"]
+__all__ = ["HttpRunner", "parse_gateway_metrics", "gateway_cost", "histogram_quantile"]
+
+# The gateway's own-work histograms (gateway/metrics.py), as the cost's keys name them.
+_OWN_WORK = {"specdec_gateway_request_seconds": "request", "specdec_gateway_chunk_seconds": "chunk"}
 
 # httpx logs every request at INFO: thousands of lines would bury the benchmark's progress.
 logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def parse_gateway_metrics(text: str) -> dict[str, Any]:
+    """From the gateway's ``/metrics`` text: requests by (endpoint, status), and for each own-work
+    histogram (``request``, ``chunk``) its cumulative bucket counts by upper bound and its count."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, Any] = {
+        "requests": {},
+        "request": {"buckets": {}, "count": 0.0},
+        "chunk": {"buckets": {}, "count": 0.0},
+    }
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "specdec_gateway_requests_total":
+                out["requests"][(s.labels["endpoint"], s.labels["status"])] = s.value
+            elif s.name.removesuffix("_bucket") in _OWN_WORK and s.name.endswith("_bucket"):
+                out[_OWN_WORK[s.name.removesuffix("_bucket")]]["buckets"][float(s.labels["le"])] = s.value
+            elif s.name.removesuffix("_count") in _OWN_WORK and s.name.endswith("_count"):
+                out[_OWN_WORK[s.name.removesuffix("_count")]]["count"] = s.value
+    return out
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus's ``histogram_quantile`` over cumulative counts by upper bound: linear within the
+    bucket the rank falls in; the highest finite bound when it falls past it; None with no counts."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for upper in bounds:
+        count = buckets[upper]
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * ((rank - below) / (count - below) if count > below else 1.0)
+        lower, below = upper, count
+    return lower
+
+
+def gateway_cost(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The gateway's own work between two scrapes: ms p50 and p99 per request and per chunk, and how
+    many of each it timed. None without both scrapes."""
+    if before is None or after is None:
+        return None
+    out: dict[str, Any] = {}
+    for what in ("request", "chunk"):
+        b, a = before[what], after[what]
+        delta = {le: n - b["buckets"].get(le, 0.0) for le, n in a["buckets"].items()}
+        out[f"{what}s"] = int(a["count"] - b["count"])
+        for q in (50, 99):
+            x = histogram_quantile(q / 100, delta)
+            out[f"ms_per_{what}_p{q}"] = None if x is None else round(1000 * x, 3)
+    return out
 
 
 def _tls(credentials: ClientCredentials) -> ssl.SSLContext | bool:
@@ -62,6 +125,7 @@ class HttpRunner:
         self.chat_ok = True
         self._lock = threading.Lock()
         self._ids: dict[str, list[int]] = {}
+        self._mark: dict[str, Any] | None = None
         credentials = credentials or ClientCredentials()
         self._headers = {"authorization": f"Bearer {credentials.token}"} if credentials.token else {}
         self._loop = asyncio.new_event_loop()
@@ -73,6 +137,24 @@ class HttpRunner:
             verify=_tls(credentials),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         )
+
+    def scrape(self) -> dict[str, Any] | None:
+        """The gateway's metrics now (None when it serves none: an older gateway)."""
+        try:
+            resp = asyncio.run_coroutine_threadsafe(
+                self._client.get(self.url + "/metrics", headers=self._headers), self._loop
+            ).result()
+        except httpx.HTTPError:
+            return None
+        return parse_gateway_metrics(resp.text) if resp.status_code == 200 else None
+
+    def mark(self) -> None:
+        """Before a scenario: where the gateway's counts stand."""
+        self._mark = self.scrape()
+
+    def cost(self) -> dict[str, Any] | None:
+        """After it: the gateway's own work since :meth:`mark` (:func:`gateway_cost`)."""
+        return gateway_cost(self._mark, self.scrape())
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result()

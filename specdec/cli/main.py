@@ -17,11 +17,11 @@ from specdec.cli.bench_rebalance import add_bench_rebalance
 from specdec.cli.config import add_config
 from specdec.cli.exit_codes import FAILED
 from specdec.cli.generate import add_generate
-from specdec.cli.log_format import TEXT_FORMAT
 from specdec.cli.models import add_models
 from specdec.cli.plan import add_plan
 from specdec.cli.serve import add_serve
 from specdec.core import packs
+from specdec.core.log_format import TEXT_FORMAT
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from specdec.cli.credentials import (
     security_overrides,
 )
 from specdec.cli.exit_codes import FAILED, OK, USAGE
-from specdec.cli.log_format import LOG_FORMATS, set_log_format
 from specdec.core.dtypes import DTYPE_NAMES
+from specdec.core.log_format import LOG_FORMATS, set_log_format
 
 log = logging.getLogger(__name__)
 

@@ -44,12 +44,22 @@ class AsyncSpecdecClient:
     """Client of one specdec router (``host:port``) on the running event loop."""
 
     def __init__(
-        self, address: str, *, timeout: float | None = None, credentials: ClientCredentials | None = None
+        self,
+        address: str,
+        *,
+        timeout: float | None = None,
+        credentials: ClientCredentials | None = None,
+        server_name: str | None = None,
     ) -> None:
+        """``server_name``: with TLS, the name the server's certificate is checked against when it
+        is not the address's host (a Kubernetes Service's short name, say)."""
         self.address = address
         self.timeout = timeout
         self.credentials = credentials if credentials is not None else ClientCredentials.load()
-        self.channel = self.credentials.aio_channel(address, channel_options(64 << 20))
+        options = channel_options(64 << 20)
+        if server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        self.channel = self.credentials.aio_channel(address, options)
         self.stub = generate_pb2_grpc.GenerationStub(self.channel)
 
     def _timeout(self, timeout: float | None) -> float | None:
@@ -120,10 +130,12 @@ class AsyncSpecdecClient:
             raise from_rpc_error(exc) from None
         return TokenizeResult(list(resp.token_ids), resp.count)
 
-    async def health(self, service: str = "", timeout: float | None = 10.0) -> str:
+    async def health(self, service: str = "", timeout: float | None = 10.0, metadata: Metadata = ()) -> str:
         """grpc.health.v1 status name ("SERVING", "NOT_SERVING", ...)."""
         stub = health_pb2_grpc.HealthStub(self.channel)
-        resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        resp = await stub.Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout, metadata=tuple(metadata) or None
+        )
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
     async def close(self) -> None:

@@ -25,8 +25,10 @@ import pytest
 
 from cluster.gateway_process import start_gateway
 from router.access_log import ACCESS_LOGGER
+from specdec.bench.serve_http import parse_gateway_metrics
 from specdec.rpc.api_security import SecurityConfig
 from specdec.rpc.client_credentials import ClientCredentials
+from tests.access_lines import check_refusal_line
 from tests.conftest import SMOLLM
 from tests.integration.service_fixture import SLOTS, running_service
 
@@ -49,9 +51,20 @@ def _free_port() -> int:
 
 
 class Http:
-    def __init__(self, svc, url: str):
-        self.svc, self.url = svc, url
+    def __init__(self, svc, url: str, log: Path | None = None):
+        self.svc, self.url, self.log = svc, url, log
         self.raw = httpx.Client(timeout=120)
+
+    def access_lines(self) -> list[dict]:
+        """The access lines the gateway process wrote (JSON lines: it runs with --log-format json)."""
+        lines = [json.loads(x) for x in self.log.read_text().splitlines() if x.startswith("{")]
+        return [x for x in lines if x["logger"] == ACCESS_LOGGER]
+
+    def metrics(self) -> dict:
+        """The gateway's /metrics, read as `specdec bench serve` reads it."""
+        resp = self.raw.get(self.url + "/metrics")
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+        return parse_gateway_metrics(resp.text)
 
     def openai(self, api_key: str = TOKEN) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
@@ -81,9 +94,11 @@ def http(ray_cluster, actor_reaper, tiny_paths, smollm_path, tmp_path_factory):
         port = _free_port()
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         log = open(tmp / "gateway.log", "w+")
-        gw = start_gateway(svc.router.address, "127.0.0.1", port, SecurityConfig(), env=env, stdout=log, stderr=log)
+        gw = start_gateway(
+            svc.router.address, "127.0.0.1", port, SecurityConfig(), log_format="json", env=env, stdout=log, stderr=log
+        )
         try:
-            http = Http(svc, f"http://127.0.0.1:{port}")
+            http = Http(svc, f"http://127.0.0.1:{port}", tmp / "gateway.log")
             yield http
             http.raw.close()
         finally:
@@ -232,6 +247,68 @@ def test_bad_requests_name_the_parameter(http, kwargs, param):
     assert err.value.body["message"].startswith(param)
 
 
+def test_the_gateways_own_refusals_have_an_access_line(http):
+    """A request the gateway refuses before the router sees it gets one line, in the router's shape;
+    one the router refuses gets the router's line only (no second one from the gateway)."""
+    chat = {"model": SMOLLM, "messages": CONVERSATION[:2], "max_tokens": 1}
+
+    def post(path: str, rid: str | None, **kwargs) -> httpx.Response:
+        headers = {"authorization": f"Bearer {TOKEN}", **({"x-request-id": rid} if rid else {})}
+        return http.raw.post(http.url + path, headers=headers, **kwargs)
+
+    sent = {
+        "gw-n": (post("/v1/chat/completions", "gw-n", json={**chat, "n": 2}), 400, "unsupported_parameter"),
+        "gw-json": (post("/v1/completions", "gw-json", content=b"{not json"), 400, "invalid_json"),
+        "gw-route": (post("/v1/engines", "gw-route", json=chat), 404, "not_found"),
+    }
+    relayed = post("/v1/chat/completions", "gw-relay", json={**chat, "top_p": 2.0})
+    assert relayed.status_code == 400
+    no_id = post("/v1/completions", None, content=b"[")
+    for rid, (resp, status, code) in sent.items():
+        assert resp.status_code == status and resp.json()["error"]["code"] == code
+        assert resp.headers["x-request-id"] == rid
+    t_end = time.monotonic() + 10
+    lines = http.access_lines()
+    while not set(sent) <= {x["request_id"] for x in lines}:
+        assert time.monotonic() < t_end, lines
+        time.sleep(0.05)
+        lines = http.access_lines()
+    for rid, (_, status, code) in sent.items():
+        (line,) = [x for x in lines if x["request_id"] == rid]
+        check_refusal_line(line, rid, status, code)
+    (line,) = [x for x in lines if x["request_id"] == no_id.headers["x-request-id"]]  # the id it made up
+    check_refusal_line(line, no_id.headers["x-request-id"], 400, "invalid_json")
+    assert not [x for x in lines if x["request_id"] == "gw-relay"]  # the router's line is the one
+
+
+def test_the_gateway_counts_its_requests_and_times_its_own_work(http):
+    """/metrics: requests by endpoint and status, one own-work time per request that reached the
+    router, one per streamed chunk (counts here; the times are the benchmark's)."""
+    before = http.metrics()
+    client = http.openai()
+    client.completions.create(model=SMOLLM, prompt=PROMPT, max_tokens=N, temperature=0)
+    rounds = [
+        c
+        for c in client.chat.completions.create(
+            model=SMOLLM, messages=CONVERSATION, max_tokens=N, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+        if c.choices
+    ]  # fmt: skip
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=SMOLLM, prompt=PROMPT, max_tokens=N, n=3)
+    after = http.metrics()
+
+    def delta(key: tuple[str, str]) -> float:
+        return after["requests"].get(key, 0.0) - before["requests"].get(key, 0.0)
+
+    assert delta(("/v1/completions", "200")) == 1 and delta(("/v1/chat/completions", "200")) == 1
+    assert delta(("/v1/completions", "400")) == 1 and delta(("/metrics", "200")) >= 1
+    assert after["request"]["count"] - before["request"]["count"] == 2  # the refusal never reached the router
+    assert after["chunk"]["count"] - before["chunk"]["count"] == len(rounds) > 0
+    assert set(after["request"]["buckets"]) >= {0.001, 0.005, float("inf")}
+
+
 def test_unknown_model_bad_token_and_the_client_limit(http):
     with pytest.raises(openai.NotFoundError) as err:
         http.openai().completions.create(model="gpt-9", prompt="x", max_tokens=1)
@@ -308,7 +385,9 @@ def test_bench_serve_drives_grpc_and_http_alike(http, smollm_path):
         gateway = s["gateway"]
         assert set(gateway) == {"ms_per_request", "ms_per_request_paired", "chunks_p50", "ms_per_chunk", "ttft_ms_p50"}
         assert None not in gateway.values()  # one client: the requests pair by prompt
-        assert "gateway overhead" in format_table(result)
+        cost = runs["http"]["summary"]["gateway_cost"]  # timed inside the gateway, from its /metrics
+        assert cost["requests"] == 3 and cost["chunks"] >= 3 and cost["ms_per_request_p50"] is not None
+        assert "gateway overhead" in format_table(result) and "gateway's own work" in format_table(result)
     # Several clients: split between the APIs and run at once (both see the same batches).
     options = BenchOptions(
         max_tokens=N, requests=4, concurrency=(2,), modes=("auto",), apis=("grpc", "http"), http_url=http.url,

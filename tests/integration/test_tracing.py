@@ -331,12 +331,14 @@ def test_off_without_the_variables(tiny_paths, tmp_path, monkeypatch):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
     # the gateway's app has no span middleware at all while off, and has it once the variables ask
+    # (its metrics' middleware, gateway/observe.py, is there either way)
     from gateway.app import GatewayConfig, create_app
     from gateway.http_spans import HttpSpans
+    from gateway.observe import Observed
 
-    assert create_app(GatewayConfig()).user_middleware == []
+    assert [m.cls for m in create_app(GatewayConfig()).user_middleware] == [Observed]
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:4317")
-    assert [m.cls for m in create_app(GatewayConfig()).user_middleware] == [HttpSpans]
+    assert [m.cls for m in create_app(GatewayConfig()).user_middleware] == [HttpSpans, Observed]
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,6 @@ OVERLAYS = {  # name: (values file, overrides)
             },
             "serve": {"security": {"exempt": []}},
             "rayAuth": {"secretName": "my-ray-token"},
-            "gateway": {"enabled": False},  # mTLS: the gateway would need a client certificate
         },
     ),
     "cpu-demo-api-tls": (K8S / "values-cpu-demo.yaml", {"router": {"tls": {"secretName": "specdec-api-tls"}}}),
@@ -389,12 +388,19 @@ def check_gateway(docs: list[dict], cfg: ServeConfig, cluster: dict, svc: dict) 
     args = dict(a[2:].split("=", 1) for a in c["args"])
     assert args["router"] == f"{svc['metadata']['name']}:{cfg.router.port}", "the gateway dials the gRPC Service"
     assert int(args["port"]) == http_port and c["ports"] == [{"name": "http", "containerPort": http_port}]
-    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    token_on_health = cfg.security.token_auth and "health" not in cfg.security.exempt
+    if cfg.security.tls_client_ca or token_on_health:  # the kubelet has no client certificate nor token
+        command = c["readinessProbe"]["exec"]["command"]
+        assert command[:3] == ["python", "-m", "gateway.health_probe"] and f"--port={http_port}" in command
+    else:
+        assert c["readinessProbe"]["httpGet"]["path"] == "/health"
     assert gw["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
     http = _service(docs, http=True)
     assert [(p["name"], p["port"], p["targetPort"]) for p in http["spec"]["ports"]] == [("http", http_port, "http")]
     assert http["spec"]["selector"].items() <= template["metadata"]["labels"].items(), "the Service selects the gateway"
     assert ("tls-cert" in args) == bool(cfg.security.tls), "HTTPS exactly when the gRPC API has TLS"
+    mtls = bool(cfg.security.tls_client_ca)
+    assert ("tls-client-ca" in args) == ("router-cert" in args) == mtls, "mTLS on both ports, with a certificate"
 
 
 # --------------------------------------------------------------------------- the tests

@@ -22,7 +22,7 @@ from router.validate import (
     finalize,
     parse,
 )
-from specdec.cli.log_format import JsonFormatter, set_log_format
+from specdec.core.log_format import JsonFormatter, set_log_format
 from specdec.core.params import InvalidParams
 from specdec.rpc import generate_pb2
 

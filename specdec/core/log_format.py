@@ -1,7 +1,9 @@
-"""``--log-format``: plain text lines, or JSON lines (one object per record) for log pipelines.
+"""Log lines: plain text, or JSON lines (one object per record) for log pipelines (``specdec serve
+--log-format``, ``python -m gateway --log-format``), and the access line that the router and the
+HTTP gateway both write on the logger ``specdec.access``.
 
-In JSON, a record that carries structured fields (``record.access``, the access log of
-:mod:`router.access_log`) is written as those fields; any other record as its message.
+In JSON, a record that carries structured fields (``record.access``, the access line) is written as
+those fields; any other record as its message. An access line reads ``key=value ...`` in text.
 """
 
 from __future__ import annotations
@@ -9,11 +11,28 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+from typing import Any
 
-__all__ = ["LOG_FORMATS", "TEXT_FORMAT", "JsonFormatter", "set_log_format"]
+__all__ = ["ACCESS_LOGGER", "LOG_FORMATS", "TEXT_FORMAT", "JsonFormatter", "set_log_format", "log_access"]
 
+ACCESS_LOGGER = "specdec.access"
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_access = logging.getLogger(ACCESS_LOGGER)
+
+
+def _text(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, str) and (not value or any(c in value for c in ' "=\\')):
+        return json.dumps(value)
+    return str(value)
+
+
+def log_access(fields: dict[str, Any]) -> None:
+    """One access line: ``key=value ...`` as the message, the fields themselves as ``record.access``."""
+    _access.info(" ".join(f"{k}={_text(v)}" for k, v in fields.items()), extra={"access": fields})
 
 
 class JsonFormatter(logging.Formatter):
