@@ -75,7 +75,10 @@ class AbuseOptions:
     burst_tokens: int = 4
     unread_streams: int = 4
     unread_tokens: int = 900  # far more output than the window holds
-    unread_wait_s: float = 45.0  # for the server to end the never-reading streams (its write bound: 30 s)
+    # For the server to end the never-reading streams: its write bound (30 s) runs from when a write
+    # blocks, after the transport's buffers filled, so the calls end later (60 s on SmolLM2); with
+    # the server's log the wait ends as soon as their access lines are there.
+    unread_wait_s: float = 120.0
     timeout: float = 1800.0  # per request
     warmup: bool = True
 

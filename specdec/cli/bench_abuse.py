@@ -28,10 +28,10 @@ def add_abuse_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--unread-wait",
         type=float,
-        default=45.0,
+        default=120.0,  # AbuseOptions.unread_wait_s (the CLI loads no grpc: not imported here)
         metavar="S",
-        help="how long the never-reading streams read nothing before they read on (the server ends them after "
-        "router.stream_write_timeout_s, 30 s; with --server-log the wait ends once it has)",
+        help="how long the never-reading streams read nothing before they read on (the server ends them "
+        "router.stream_write_timeout_s after a write blocks; with --server-log the wait ends once it has)",
     )
     g.add_argument(
         "--kill-target",

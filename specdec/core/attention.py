@@ -32,6 +32,9 @@ QUERY_TILE = 256
 # ops`). float32 (MKL): a block of 4 rows one way, a remainder of 1-3 rows another; several
 # threads split the rows in blocks of 4, so only an M that is a multiple of 4 rounds every row the
 # same way. bf16 (oneDNN): M = 1 one way, every M >= 2 the other (measured with 1 to 16 threads).
+# A batch's rows go over their own key spans (not the longest row's) from this many GEMM rows per
+# kv head on: a prefill chunk's, not a decode step's, whose few rows cost more in calls than in keys.
+SPLIT_MIN_ROWS = 64
 MIN_GEMM_ROWS = 4  # float32, and the attention (whose GEMMs are float32 whatever the model dtype)
 MIN_BF16_GEMM_ROWS = 2
 # A CUDA GEMM (cuBLAS) picks its kernel, and with it how a row is rounded, by the whole shape: on an
@@ -130,6 +133,21 @@ def invariant_attention(
             f"invariant_attention: span {span} must be a multiple of {KEY_BLOCK} and "
             f"(H/Hkv)*T = {group * width} a multiple of {MIN_GEMM_ROWS}"
         )
+    if batch > 1 and q.device.type == "cpu" and group * width >= SPLIT_MIN_ROWS:
+        # Rows of a batch far apart (a chunk deep into one prompt beside the first of another) each
+        # go over their own keys: the blocks left out are hidden from them, so their numbers are the
+        # same (as for tiles), and the batch does not pay the longest row's span for every row.
+        # A host read, so CPU only; decode rows are too few for it to pay (docs/results.md, §6).
+        own = [min(span, padded_span(int(n))) for n in (bias[:, 0, 0] == 0).sum(-1).amax(-1).tolist()]
+        if 4 * sum(own) <= 3 * batch * span:  # a quarter of the batch's key blocks or more hidden
+            return torch.cat(
+                [
+                    invariant_attention(
+                        q[b : b + 1], keys[b : b + 1, :, :s], values[b : b + 1, :, :s], bias[b : b + 1, ..., :s], scale
+                    )
+                    for b, s in enumerate(own)
+                ]
+            )
     # Head h uses kv head h // group (transformers' repeat_kv): fold the group into the GEMM rows.
     qf = (q.float() * scale).reshape(batch, kv_heads, group, width, dim)
     kf, vf = keys.float(), values.float()

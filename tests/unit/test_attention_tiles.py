@@ -92,11 +92,14 @@ SHAPES = [
 ]
 
 
-def case(batch: int, heads: int, kv_heads: int, new: int, start: int, dtype: torch.dtype, seed: int = 0):
+def case(batch: int, heads: int, kv_heads: int, new: int, start: int, dtype: torch.dtype, seed: int = 0, starts=None):
     gen = torch.Generator().manual_seed(seed)
     width = query_width(new, heads, kv_heads)
-    starts = torch.randint(0, start + 1, (batch,), generator=gen)
-    starts[0] = start  # one row at the longest cache; the others shorter: keys hidden from them
+    if starts is None:
+        starts = torch.randint(0, start + 1, (batch,), generator=gen)
+        starts[0] = start  # one row at the longest cache; the others shorter: keys hidden from them
+    else:
+        starts = torch.tensor(starts)
     span = padded_span(start + width)
     q = (torch.randn(batch, heads, width, 64, generator=gen) * 3).to(dtype)
     keys = (torch.randn(batch, kv_heads, span, 64, generator=gen) * 3).to(dtype)
@@ -134,6 +137,25 @@ def test_the_long_cases_take_several_tiles_and_skip_hidden_blocks():
     width = query_width(new, heads, kv_heads)
     assert width > 2 * QUERY_TILE and padded_span(QUERY_TILE) < padded_span(start + width)
     assert (heads // kv_heads * QUERY_TILE) % MIN_GEMM_ROWS == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
+def test_rows_far_apart_each_go_over_their_own_keys_with_the_same_bits(dtype, monkeypatch):
+    """A chunk deep into one prompt beside another prompt's first chunk: the short row attends over
+    its own key blocks, not the long row's span, and every query's numbers stay the whole span's."""
+    from specdec.core import attention
+
+    spans = []
+    attend = attention._attend
+    monkeypatch.setattr(
+        attention, "_attend", lambda qf, kf, vf, bias: spans.append(kf.shape[2]) or attend(qf, kf, vf, bias)
+    )
+    args = case(2, 9, 3, 128, 3000, dtype, starts=[3000, 40])
+    assert agree(invariant_attention, args)
+    assert sorted(spans) == [padded_span(40 + 128), padded_span(3000 + 128)]
+    spans.clear()
+    close = case(2, 9, 3, 128, 3000, dtype, starts=[3000, 2900])  # close together: one batched call
+    assert agree(invariant_attention, close) and spans == [padded_span(3000 + 128)]
 
 
 def test_cumsum_is_a_float64_left_fold():
