@@ -12,7 +12,6 @@ proposes nothing for that sequence (an empty draft: the round verifies with k = 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from collections.abc import Iterable
 from specdec.core.drafters import Drafter, DraftInput, ModelDrafter, propose_within_k
 from specdec.core.params import InvalidParams
 from specdec.core.tokenizer_spec import vocab_fingerprint
+from specdec.core.torch_thread import on_torch_thread
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import draft_to_proto, sequence_from_proto
 from specdec.rpc.errors import rpc_method
@@ -61,7 +61,6 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
         self.instance = uuid.uuid4().hex  # WorkerInfo.instance: a new one, no caches
         self.vocab_size, self.max_context, self.num_slots = vocab_size, max_context, num_slots
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
-        self.lock = threading.Lock()
         self.meter = WorkerMeter()  # busy time and telemetry (specdec.rpc.worker_host sets it up)
 
     @property
@@ -114,36 +113,42 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
         if not seqs:
             return worker_pb2.ProposeResponse()
         inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, s.k) for s in seqs]
-        with self.lock:
+
+        def propose() -> tuple[list, float]:
             t0 = time.perf_counter()  # before the meter: an emulated slower device (its delay) computes too
             with self.meter.compute(steps=max(i.k for i in inputs)):
-                drafts = propose_within_k(self.drafter, inputs)
-            report_compute(context, time.perf_counter() - t0)
+                return propose_within_k(self.drafter, inputs), time.perf_counter() - t0
+
+        drafts, seconds = on_torch_thread(propose)  # one forward at a time, on one thread
+        report_compute(context, seconds)
         return worker_pb2.ProposeResponse(drafts=[draft_to_proto(i.request_id, d) for i, d in zip(inputs, drafts)])
 
     @rpc_method
     def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
         seqs = self._sequences(request.sequences)
         inputs = [DraftInput(s.request_id, s.tokens, s.params, s.mode, 0) for s in seqs]
-        with self.lock:
+
+        def prefill() -> tuple[list[int], float]:
             t0 = time.perf_counter()
             with self.meter.compute(steps=0):
                 self.drafter.prefill(inputs)
-            report_compute(context, time.perf_counter() - t0)
-            cached = [self._cached(s.request_id) for s in seqs]
+            return [self._cached(s.request_id) for s in seqs], time.perf_counter() - t0
+
+        cached, seconds = on_torch_thread(prefill)
+        report_compute(context, seconds)
         return worker_pb2.PrefillResponse(
             outcomes=[worker_pb2.PrefillOutcome(request_id=s.request_id, cached_tokens=n) for s, n in zip(seqs, cached)]
         )
 
     @rpc_method
     def Release(self, request: worker_pb2.ReleaseRequest, context) -> worker_pb2.ReleaseResponse:
-        released = 0
-        with self.lock:
+        def release() -> int:
+            held = [rid for rid in request.request_ids if self._holds(rid)]
             for rid in request.request_ids:
-                if self._holds(rid):
-                    released += 1
                 self.drafter.release(rid)
-        return worker_pb2.ReleaseResponse(released=released)
+            return len(held)
+
+        return worker_pb2.ReleaseResponse(released=on_torch_thread(release))
 
     @rpc_method
     def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:
@@ -167,6 +172,10 @@ def build_draft_servicer(config: WorkerConfig | dict) -> DraftServicer:
             num_slots=cfg.num_slots,
             max_k=cfg.max_k,
         )
+    return on_torch_thread(_model_servicer, cfg)  # on the thread that will run the forwards
+
+
+def _model_servicer(cfg: WorkerConfig) -> DraftServicer:
     import torch
 
     from specdec.core.build import make_model_drafter

@@ -23,6 +23,7 @@ from specdec.core.prompts import encode_messages, encode_prompt
 from specdec.core.runner import SlotsExhausted
 from specdec.core.target import TargetVerifier, VerifyItem
 from specdec.core.tokenizer_spec import TokenizerSpec, export_tokenizer
+from specdec.core.torch_thread import on_torch_thread
 from specdec.rpc import worker_pb2, worker_pb2_grpc
 from specdec.rpc.convert import WireSequence, draft_from_proto, outcome_to_proto, sequence_from_proto
 from specdec.rpc.errors import RpcStatusError, rpc_method
@@ -68,7 +69,6 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         self.placement = device_placement(device)  # the router compares draft and target's
         self.instance = uuid.uuid4().hex  # WorkerInfo.instance: a new one, no caches
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
-        self.lock = threading.Lock()  # one model, one forward at a time
         self._tok_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
         self.meter = WorkerMeter()  # busy time and telemetry (specdec.rpc.worker_host sets it up)
         self._tok_spec: TokenizerSpec | None = None
@@ -133,13 +133,16 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             self._check_context(s, 0, "sequences.tokens")
         if not seqs:
             return worker_pb2.PrefillResponse()
-        with self.lock:
+
+        def prefill() -> tuple[list[int], float]:
             t0 = time.perf_counter()  # before the meter: an emulated slower device (its delay) computes too
             with self.meter.compute():
                 self._check_capacity([s.request_id for s in seqs])
                 self.verifier.prefill([(s.request_id, s.tokens, s.params) for s in seqs])
-                cached = [self.runner.lengths[self.verifier.slots[s.request_id]] for s in seqs]
-            report_compute(context, time.perf_counter() - t0)
+                return [self.runner.lengths[self.verifier.slots[s.request_id]] for s in seqs], time.perf_counter() - t0
+
+        cached, seconds = on_torch_thread(prefill)  # one model, one forward at a time, on one thread
+        report_compute(context, seconds)
         return worker_pb2.PrefillResponse(
             outcomes=[worker_pb2.PrefillOutcome(request_id=s.request_id, cached_tokens=n) for s, n in zip(seqs, cached)]
         )
@@ -170,23 +173,26 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         _unique_ids((i.request_id for i in items), "items.sequence.request_id")
         if not items:
             return worker_pb2.VerifyResponse()
-        with self.lock:
+
+        def verify() -> tuple[list, float]:
             t0 = time.perf_counter()  # as in Prefill
             with self.meter.compute():
                 self._check_capacity([i.request_id for i in items])
-                results = self.verifier.verify(items)
-            report_compute(context, time.perf_counter() - t0)
+                return self.verifier.verify(items), time.perf_counter() - t0
+
+        results, seconds = on_torch_thread(verify)
+        report_compute(context, seconds)
         return worker_pb2.VerifyResponse(outcomes=[outcome_to_proto(i.request_id, r) for i, r in zip(items, results)])
 
     @rpc_method
     def Release(self, request: worker_pb2.ReleaseRequest, context) -> worker_pb2.ReleaseResponse:
-        released = 0
-        with self.lock:
-            for rid in request.request_ids:
-                if self.verifier.has(rid):
-                    self.verifier.release(rid)
-                    released += 1
-        return worker_pb2.ReleaseResponse(released=released)
+        def release() -> int:
+            held = [rid for rid in request.request_ids if self.verifier.has(rid)]
+            for rid in held:
+                self.verifier.release(rid)
+            return len(held)
+
+        return worker_pb2.ReleaseResponse(released=on_torch_thread(release))
 
     @rpc_method
     def Tokenize(self, request: worker_pb2.TokenizeTextRequest, context) -> worker_pb2.TokenizeTextResponse:
@@ -230,12 +236,16 @@ def build_target_servicer(config: WorkerConfig | dict) -> TargetServicer:
     cfg = WorkerConfig.from_dict(config)
     if cfg.model.lower() == "ngram":
         raise ValueError("worker config 'model': a target worker needs a model, not 'ngram'")
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
-    loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    runner = ModelRunner(loaded.model, num_slots=cfg.num_slots, max_len=cfg.max_len)
-    runner.capture()  # CUDA graphs of the static steps on a GPU; nothing elsewhere
-    return target_servicer(cfg, loaded, runner)
+
+    def build() -> TargetServicer:  # on the thread that will run the forwards (specdec/core/torch_thread.py)
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+        runner = ModelRunner(loaded.model, num_slots=cfg.num_slots, max_len=cfg.max_len)
+        runner.capture()  # CUDA graphs of the static steps on a GPU; nothing elsewhere
+        return target_servicer(cfg, loaded, runner)
+
+    return on_torch_thread(build)
 
 
 def target_servicer(cfg: WorkerConfig, loaded, runner) -> TargetServicer:
