@@ -85,6 +85,8 @@ class TelemetryLoop:
         except (grpc.aio.AioRpcError, AttributeError) as exc:
             log.debug("telemetry poll of %s failed: %s", w.name, exc)
             return
+        if w.address != address:  # a recovery moved it meanwhile: its own probe has the new process's Info
+            return
         w.record_info(info, address)
         self.metrics.worker_free_slots.labels(w.role, w.name).set(info.free_slots)
         self.metrics.record_evicted(w.role, w.name, info.evicted)
