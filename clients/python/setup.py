@@ -2,8 +2,8 @@
 
 The wheel holds the modules :mod:`specdec.rpc.client` and :mod:`specdec.rpc.aio_client` import and
 nothing else of their packages (``CLIENT_MODULES``), so it installs and imports without torch, Ray
-or transformers; tests/e2e/test_client_dist.py builds it, installs it into a fresh venv and runs both
-clients against a real router.
+or transformers; tests/integration/test_client_dist.py builds it, installs it into a fresh venv
+and runs both clients against a real router.
 """
 
 from __future__ import annotations
