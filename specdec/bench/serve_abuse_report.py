@@ -14,7 +14,7 @@ __all__ = ["burst_summary", "preemptions", "access_statuses", "error_lines", "ad
 
 PREEMPTIONS = "specdec_preemptions_total"
 _ACCESS_LOGGER = "specdec.access"  # router/access_log.py's logger (the bench does not import the router)
-# `specdec serve --log-format text` (specdec/cli/log_format.py): "DATE TIME LEVEL LOGGER: MESSAGE";
+# `specdec serve --log-format text` (specdec/core/log_format.py): "DATE TIME LEVEL LOGGER: MESSAGE";
 # a Ray worker's line forwarded to the driver carries a "(Actor pid=N)" prefix before it
 _TEXT_ERROR = re.compile(r"(^|\s)(ERROR|CRITICAL)\s")
 _FIELD = re.compile(r"(?:^|\s)(request_id|status)=(\S+)")

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from specdec.cli.log_format import TEXT_FORMAT
+from specdec.core.log_format import TEXT_FORMAT
 from specdec.rpc.api_security import SecurityConfig
 from specdec.rpc.client_credentials import ClientCredentials
 from tests.integration.service_fixture import running_service
