@@ -123,9 +123,9 @@ class SimTargetLink(TargetLink):
     def encode(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> SimVerifyRequest:  # type: ignore[override]
         return SimVerifyRequest([(j.key, len(j.state.tokens), len(d.tokens)) for j, d in zip(jobs, drafts)])
 
-    async def verify(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> tuple[list, float | None]:
+    async def verify(self, jobs: Sequence[Job], drafts: Sequence[Draft], cached_on: int) -> tuple[list, float | None]:
         await asyncio.sleep(self.costs.router_s(len(jobs)))
-        return await super().verify(jobs, drafts)
+        return await super().verify(jobs, drafts, cached_on)
 
 
 class _Stub:
@@ -180,6 +180,7 @@ class SimWorker:
         )
         self.up = True
         self.restarts = 0  # simulated workers never restart
+        self.address = f"sim/{name}"
         self.down_since: float | None = None
         self.last_recovery_s: float | None = None
         self.telemetry = None  # set by the router's telemetry loop from stub.Info
@@ -192,6 +193,10 @@ class SimWorker:
         return f"SimWorker({self.role}, {self.name})"
 
     # ---- the worker client's interface -------------------------------------------------------------
+    def record_info(self, info: worker_pb2.WorkerInfo, address: str | None) -> None:
+        """The telemetry loop's Info (WorkerClient.record_info); the same process always."""
+        self.info = info
+
     async def wait_up(self, timeout: float) -> None:
         return None
 
