@@ -1,7 +1,8 @@
 """The worker side without Ray: the proto conversions the router and the
 workers share (torch-free), the error-to-status mapping, the asyncio gRPC server the router uses
 (health, reflection, errors from coroutines, listed by the real grpcurl), and the workers'
-entry points started by hand (``python -m draft_worker``, ``python -m target_worker``)."""
+entry points started by hand (``python -m draft_worker``, ``python -m target_worker``), and a router
+whose only target worker is gone for good."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specdec.core.params import SamplingParams, VerifyMode
 from specdec.core.round_types import Draft
 from specdec.rpc import generate_pb2, worker_pb2, worker_pb2_grpc
+from specdec.rpc.client import SpecdecClient
 from specdec.rpc.convert import (
     draft_from_proto,
     draft_to_proto,
@@ -159,3 +161,28 @@ def test_target_worker_by_hand_bad_model():
     )
     assert out.returncode == 2, out.stderr
     assert "no such file" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_no_target_worker_is_unavailable(tiny_paths):
+    """A target that is gone and does not come back: requests get UNAVAILABLE, not a hang."""
+    from router.config import RouterConfig
+    from router.server import RouterThread, TargetBinding
+    from router.workers import StaticEndpoint
+    from target_worker.actor import TargetWorker
+
+    worker = TargetWorker({"model": str(tiny_paths["llama"]), "num_slots": 2, "max_len": 256, "threads": 1})
+    binding = TargetBinding("t", StaticEndpoint(worker.address()), tokenizer=str(tiny_paths["llama"]))
+    router = RouterThread([binding], RouterConfig(port=0, metrics_port=None, recovery_timeout_s=1.0)).start(60)
+    try:
+        client = SpecdecClient(router.address)
+        assert client.generate("x", max_tokens=3, timeout=30).usage["completion_tokens"] == 3
+        worker.shutdown(grace=0)
+        for kwargs in (dict(prompt_token_ids=[1, 2, 3]), dict(prompt="abc")):
+            with pytest.raises(grpc.RpcError) as err:
+                client.generate(max_tokens=3, timeout=30, **kwargs)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+            assert err.value.retry_delay is not None and err.value.retry_delay >= 1.0  # RetryInfo
+        assert client.list_models()[0]["ready"] is False
+        client.close()
+    finally:
+        router.stop(grace=0)

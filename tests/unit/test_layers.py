@@ -64,3 +64,14 @@ def test_the_cli_loads_no_grpc_until_it_needs_it() -> None:
     """`specdec` commands that do not talk to a server start without grpc (lazy imports)."""
     code = "import sys, specdec.cli; assert 'grpc' not in sys.modules and 'specdec.rpc' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_router_and_client_do_not_import_torch_ray_or_workers():
+    code = (
+        "import sys\n"
+        "import router.server, router.scheduler, router.service, specdec.bench.serve, router.workers\n"
+        "import specdec.rpc.client, cluster.config\n"
+        "bad = [m for m in ('torch', 'ray', 'transformers', 'draft_worker', 'target_worker') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
