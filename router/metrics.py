@@ -75,8 +75,6 @@ Series:
 from __future__ import annotations
 
 import logging
-import platform
-from importlib import metadata
 
 from prometheus_client import (
     CollectorRegistry,
@@ -87,6 +85,8 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
+
+from router.build_info import build_versions
 
 log = logging.getLogger(__name__)
 
@@ -140,19 +140,6 @@ _MODEL_OUTCOMES = (
     "unavailable",
     "error",
 )
-
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "none"
-
-
-def build_versions() -> tuple[str, str, str, str]:
-    """specdec, Python, grpcio and torch versions, from the installed distributions' metadata:
-    the router never imports torch (the workers do; one image installs both)."""
-    return _version("specdec"), platform.python_version(), _version("grpcio"), _version("torch")
 
 
 def _set(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
