@@ -63,8 +63,8 @@ def add_draft_option_flags(parser: argparse.ArgumentParser) -> None:
         type=_width,
         default=None,
         metavar="N",
-        help=f"greedy and seeded requests draft a token tree, each grown node adding the draft model's N best "
-        f"next tokens, verified in one forward; 1 drafts a chain (default {defaults.tree_width})",
+        help=f"draft a token tree, each grown node adding N next tokens (the draft model's best; for sampling "
+        f"requests, N drawn from it), verified in one forward; 1 drafts a chain (default {defaults.tree_width})",
     )
     parser.add_argument(
         "--draft-tree-nodes",

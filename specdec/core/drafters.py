@@ -189,8 +189,8 @@ class ModelDrafter:
     def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
         if self.tree is None:
             return self._chains(inputs)
-        trees = [b for b, i in enumerate(inputs) if i.mode is not VerifyMode.REJECTION]
-        if self.tree.expand == 0:  # the chain's own forwards, its runners-up as leaves
+        if self.tree.expand == 0:  # the chain's own forwards, its runners-up as leaves (not sampled)
+            trees = [b for b, i in enumerate(inputs) if i.mode is not VerifyMode.REJECTION]
             self._ranked = {inputs[b].request_id: [] for b in trees}
             try:
                 drafts = self._chains(inputs)
@@ -201,18 +201,12 @@ class ModelDrafter:
                 if drafts[b].tokens and len(ranks) == len(drafts[b].tokens):
                     drafts[b] = branch_chain(drafts[b].tokens, ranks, self.tree.nodes)
             return drafts
-        chains = [b for b in range(len(inputs)) if b not in set(trees)]
-        drafts: dict[int, Draft] = {}
-        if chains:
-            drafts.update(zip(chains, self._chains([inputs[b] for b in chains])))
-        if trees:
-            drafts.update(zip(trees, self._trees([inputs[b] for b in trees])))
-        return [drafts[b] for b in range(len(inputs))]
+        return self._trees(inputs)
 
     def _trees(self, inputs: Sequence[DraftInput]) -> list[Draft]:
-        """Token trees (greedy and seeded requests): one forward of each row's uncached committed
-        tokens, then a level per forward (specdec/core/tree_drafting.py)."""
-        drafts = [Draft(tokens=[]) for _ in inputs]
+        """Token trees: one forward of each row's uncached committed tokens, then a level per forward
+        (specdec/core/tree_drafting.py); a sampling request's drawn without replacement."""
+        drafts = [Draft(tokens=[], probs=[] if i.mode is VerifyMode.REJECTION else None) for i in inputs]
         busy = {i.request_id for i in inputs}
         rows, feeds, where = [], [], []
         for b, inp in enumerate(inputs):
@@ -223,7 +217,8 @@ class ModelDrafter:
                 continue
             keep = min(self.runner.common_prefix(slot, inp.tokens), len(inp.tokens) - 1)
             self.runner.rollback(slot, keep)
-            rows.append(TreeRow(slot, inp.tokens, inp.params, inp.mode, depth))
+            generator = self.generators[inp.request_id]
+            rows.append(TreeRow(slot, inp.tokens, inp.params, inp.mode, depth, generator, self.top_k_sent))
             feeds.append(inp.tokens[keep:])
             where.append(b)
         if not rows:
@@ -237,7 +232,9 @@ class ModelDrafter:
                 self.runner.rollback(row.slot, min(self.runner.lengths[row.slot], len(row.tokens) - 1))
             return drafts
         for b, row, draft in zip(where, rows, grown):
-            if self.lookup is not None:  # the prompt lookup's guess as one more branch, where it differs
+            if self.lookup is not None and row.mode is not VerifyMode.REJECTION:
+                # The prompt lookup's guess as one more branch, where it differs (greedy and seeded
+                # trees: a sampled tree's children must be the draws, tree_sampling.py).
                 guess = self.lookup.propose_one(row.tokens, row.depth).tokens
                 draft.tokens, draft.parents = merge_branches(draft.tokens, draft.parents, [(-1, guess)])
                 # A prompt-lookup guess the model did not draft: even odds per token.

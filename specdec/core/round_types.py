@@ -22,7 +22,9 @@ class Draft:
     # None (or a position whose token is not in its ids) is verified as a point mass.
     probs: list[SparseDist] | None = None
     # A token tree (specdec/core/token_tree.py): each token's parent among `tokens`, -1 for a child
-    # of the last committed token. None: a chain. Trees carry no probs (greedy and seeded modes).
+    # of the last committed token. None: a chain. A tree with probs is a sampled tree: each node's
+    # q is its parent's, the siblings drawn from it without replacement in their order
+    # (specdec/core/tree_sampling.py); greedy and seeded trees carry no probs.
     parents: list[int] | None = None
     # Per tree node, the log of the draft's probability of the path to it (how likely the target is
     # to accept it): what the round's tree size is chosen by (specdec/core/tree_size.py).
@@ -51,13 +53,19 @@ class Draft:
         return True
 
     def keep(self, nodes: Iterable[int]) -> Draft:
-        """Keep only the given nodes (of a tree: those whose parent is kept too), renumbered; in
-        place, so whoever holds the draft (a timing wrapper) sees what is verified. Returns it."""
+        """Keep only the given nodes (of a tree: those whose parent is kept too; of a sampled tree,
+        also whose earlier siblings are, as each was drawn given them), renumbered; in place, so
+        whoever holds the draft (a timing wrapper) sees what is verified. Returns it."""
+        wanted = set(nodes)
+        sampled = self.parents is not None and self.probs is not None
         index: dict[int, int] = {}
-        for i in sorted(set(nodes)):
+        cut_under: set[int] = set()  # parents of a sampled tree that lost a child: later ones go too
+        for i in range(len(self.tokens)):
             parent = -1 if self.parents is None else self.parents[i]
-            if self.parents is None or parent < 0 or parent in index:
+            if i in wanted and (parent < 0 or parent in index) and parent not in cut_under:
                 index[i] = len(index)
+            elif sampled:
+                cut_under.add(parent)
         kept = list(index)
         if self.parents is not None:
             self.parents = [-1 if self.parents[i] < 0 else index[self.parents[i]] for i in kept]

@@ -143,7 +143,14 @@ class TargetVerifier:
         """The verdict on an item's draft from the logits after its last committed token, and the
         accepted draft nodes (of a chain, its first ones)."""
         if item.draft.parents is not None:
-            return verify_tree(logits, item.draft, item.params, item.mode, start_pos=len(item.tokens))
+            return verify_tree(
+                logits,
+                item.draft,
+                item.params,
+                item.mode,
+                start_pos=len(item.tokens),
+                generator=self.generators[item.request_id],
+            )
         result = verify(
             logits,
             item.draft,

@@ -9,24 +9,28 @@ few rows costs about what one row costs. Every grown node adds its `width` best 
 `depth` levels the tree is cut to `nodes`: the draft's own chain, then the likeliest (a node is
 never likelier than its parent, so what is kept is a tree).
 
-Greedy and seeded requests only: their tokens are a function of the logits and the position's noise,
+Greedy and seeded requests: their tokens are a function of the logits and the position's noise,
 so the target accepts exactly the path that matches its own tokens (specdec/core/verify.py,
-`verify_tree`). The draft model's cache keeps its own chain afterwards: the next round reuses it as
-far as the target accepted it.
+`verify_tree`). Sampling requests: a node's children are drawn without replacement from the
+draft's sparse q, each carrying it, and verified by recursive rejection
+(specdec/core/tree_sampling.py); the first one drawn is the draft's own chain. The draft model's
+cache keeps its own chain afterwards: the next round reuses it as far as the target accepted it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from specdec.core.params import SamplingParams, VerifyMode
-from specdec.core.round_types import Draft
+from specdec.core.round_types import Draft, SparseDist
 from specdec.core.runner import ModelRunner
-from specdec.core.sampling import gumbel_noise, process_logits
+from specdec.core.sampling import gumbel_noise, process_logits, sparse_topk
 from specdec.core.tree_forward import keep_path, tree_forward
+from specdec.core.tree_sampling import draw_children
 
 __all__ = ["TreeShape", "TreeRow", "grow_trees", "branch_chain", "pick_scores", "ranked"]
 
@@ -50,6 +54,8 @@ class TreeRow:
     params: SamplingParams
     mode: VerifyMode
     depth: int  # levels to draft: the round's k
+    generator: torch.Generator | None = None  # a sampling request's draws
+    top_k: int = 16  # a sampling request's q: the draft's top-K, renormalised
 
 
 @dataclass
@@ -60,6 +66,7 @@ class _Node:
     logp: float  # log of the draft's probability of the path to it
     own: bool = False  # on the draft's own chain (its first choice at every level)
     cached: int = -1  # its index in the draft runner's tree once forwarded
+    q: SparseDist | None = None  # of a sampled tree: the q it was drawn from (its parent's)
 
 
 def pick_scores(logits: torch.Tensor, params: SamplingParams, mode: VerifyMode, position: int) -> torch.Tensor:
@@ -79,9 +86,28 @@ def ranked(scores: torch.Tensor, best: int, width: int) -> list[tuple[int, float
     return [(t, float(logp[t])) for t in [best] + [t for t in top if t != best][: width - 1]]
 
 
-def _children(logits: torch.Tensor, row: TreeRow, position: int, width: int) -> list[tuple[int, float]]:
+def _children(
+    logits: torch.Tensor, row: TreeRow, position: int, width: int
+) -> tuple[list[tuple[int, float]], SparseDist | None]:
+    """A node's children, first choice first, each with the log-probability it is ranked by; and
+    the q they were drawn from for a sampling request."""
+    if row.mode is VerifyMode.REJECTION:
+        return sampled_children(logits, row, width)
     scores = pick_scores(logits, row.params, row.mode, position)
-    return ranked(scores, int(torch.argmax(scores)), width)
+    return ranked(scores, int(torch.argmax(scores)), width), None
+
+
+def sampled_children(logits: torch.Tensor, row: TreeRow, width: int) -> tuple[list[tuple[int, float]], SparseDist]:
+    """`width` tokens drawn without replacement from the draft's sparse q, in the order drawn. Each
+    is ranked by q's probability of it, made non-increasing along the draws (the running minimum):
+    the tree is cut by rank, and a sampled tree may only lose a child's later siblings with it."""
+    ids, probs = sparse_topk(process_logits(logits, row.params), row.top_k)
+    p_of = dict(zip(ids, probs))
+    out, lp = [], 0.0
+    for t in draw_children(ids, probs, width, row.generator):
+        lp = min(lp, math.log(p_of[t]))
+        out.append((t, lp))
+    return out, (ids, probs)
 
 
 def branch_chain(chain: list[int], ranks: list[list[tuple[int, float]]], size: int) -> Draft:
@@ -103,8 +129,8 @@ def grow_trees(runner: ModelRunner, rows: Sequence[TreeRow], root_logits: Sequen
     """Draft a tree per row from the logits after its committed tokens; returns the drafts."""
     nodes: list[list[_Node]] = []
     for row, logits in zip(rows, root_logits):
-        first = _children(logits, row, len(row.tokens), shape.width) if row.depth > 0 else []
-        nodes.append([_Node(t, -1, 1, lp, own=j == 0) for j, (t, lp) in enumerate(first)])
+        first, q = _children(logits, row, len(row.tokens), shape.width) if row.depth > 0 else ([], None)
+        nodes.append([_Node(t, -1, 1, lp, own=j == 0, q=q) for j, (t, lp) in enumerate(first)])
     runner_tree: list[list[int]] = [[] for _ in rows]  # parents of the nodes forwarded, per row
     for level in range(1, max((r.depth for r in rows), default=0)):
         grow = []
@@ -131,9 +157,9 @@ def grow_trees(runner: ModelRunner, rows: Sequence[TreeRow], root_logits: Sequen
             row = rows[b]
             for i, node_logits in zip(grow[b], row_logits):
                 parent = nodes[b][i]
-                ranking = _children(node_logits, row, len(row.tokens) + parent.depth, shape.width)
+                ranking, q = _children(node_logits, row, len(row.tokens) + parent.depth, shape.width)
                 for j, (t, lp) in enumerate(ranking):
-                    nodes[b].append(_Node(t, i, parent.depth + 1, parent.logp + lp, own=parent.own and j == 0))
+                    nodes[b].append(_Node(t, i, parent.depth + 1, parent.logp + lp, own=parent.own and j == 0, q=q))
     drafts = []
     for row, row_nodes, tree in zip(rows, nodes, runner_tree):
         drafts.append(_cut(row_nodes, shape.nodes))
@@ -150,5 +176,8 @@ def _rank(node: _Node) -> tuple:
 
 def _cut(nodes: list[_Node], size: int) -> Draft:
     """The `size` first nodes by `_rank`, as a draft."""
-    whole = Draft(tokens=[n.token for n in nodes], parents=[n.parent for n in nodes], scores=[n.logp for n in nodes])
+    probs = [n.q for n in nodes] if nodes and nodes[0].q is not None else None
+    whole = Draft(
+        tokens=[n.token for n in nodes], probs=probs, parents=[n.parent for n in nodes], scores=[n.logp for n in nodes]
+    )
     return whole.keep(sorted(range(len(nodes)), key=lambda i: _rank(nodes[i]))[:size])

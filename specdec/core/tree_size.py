@@ -55,9 +55,9 @@ class TreeSizer:
     def cut(self, drafts: Sequence[Draft], draft_s: float) -> list[Draft]:
         """Each tree draft cut to the nodes worth verifying (in place); chains unchanged. The rows
         that are not tree nodes (a request's own, a chain's tokens) are verified whatever is cut."""
-        nodes = sorted(
+        nodes = sorted(  # likeliest first; among equals the earlier node (a sampled tree's earlier draw)
             ((p, b, i) for b, d in enumerate(drafts) if d.scores for i, p in enumerate(map(math.exp, d.scores))),
-            reverse=True,
+            key=lambda n: (-n[0], n[1], n[2]),
         )
         if not nodes:
             return list(drafts)

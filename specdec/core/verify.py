@@ -28,6 +28,7 @@ from specdec.core.params import InvalidParams, SamplingParams, VerifyMode
 from specdec.core.round_types import Draft, SparseDist, VerifyResult
 from specdec.core.sampling import draw_from_probs, draw_uniforms, gumbel_noise, process_logits
 from specdec.core.token_tree import depths, walk
+from specdec.core.tree_sampling import verify_sampled_tree
 
 if TYPE_CHECKING:
     import torch
@@ -150,13 +151,15 @@ def verify_tree(
     mode: VerifyMode,
     *,
     start_pos: int,
+    generator: torch.Generator | None = None,
 ) -> tuple[VerifyResult, list[int]]:
     """Verify a token tree (``draft.parents``): logits [1 + nodes, V], row 0 after the committed
     tokens, row 1 + i after node i. Returns the verdict and the accepted nodes, root first.
 
-    Greedy and seeded modes only: the target's token after any node is a function of its logits
-    (and of the position's noise), so accepting the path that matches it gives exactly the tokens
-    target-only decoding gives (docs/design.md, "Token trees")."""
+    Greedy and seeded modes: the target's token after any node is a function of its logits (and of
+    the position's noise), so accepting the path that matches it gives exactly the tokens
+    target-only decoding gives. Rejection mode: a sampled tree, verified by recursive rejection
+    with `generator` (specdec/core/tree_sampling.py; docs/design.md, "Token trees")."""
     import torch
 
     mode = VerifyMode(mode)
@@ -187,7 +190,7 @@ def verify_tree(
             return int(torch.argmax(logp[node + 1] + noise[d]).item())
 
     else:
-        raise InvalidParams("verify_mode", f"token trees are verified in greedy or invariant mode, not {mode.value!r}")
+        return verify_sampled_tree(process_logits(target_logits, params), draft, generator)
     path, last = walk(draft.tokens, draft.parents, token_after)
     accepted = [draft.tokens[i] for i in path]
     return VerifyResult(tokens=accepted + [last], num_accepted=len(accepted)), path

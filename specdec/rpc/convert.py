@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from specdec.core.params import InvalidParams, SamplingParams, VerifyMode, choose_mode
-from specdec.core.round_types import Draft, VerifyResult
+from specdec.core.round_types import Draft, SparseDist, VerifyResult
 from specdec.core.token_tree import check_parents
 from specdec.rpc import generate_pb2, worker_pb2
 
@@ -242,19 +242,19 @@ def sequence_from_proto(
 # ---- drafts and outcomes ---------------------------------------------------------------------
 
 
-def _tree_from_proto(m: worker_pb2.Draft, tokens: list[int], field: str) -> Draft:
+def _tree_from_proto(m: worker_pb2.Draft, tokens: list[int], vocab_size: int | None, field: str) -> Draft:
     """A token tree: a parent per token, each -1 or an earlier token; scores none or one per token."""
     parents = [int(p) for p in m.parents]
     try:
         check_parents(parents, len(tokens))
     except ValueError as exc:
         raise InvalidParams(f"{field}.parents", str(exc)) from None
-    if m.dists:
-        raise InvalidParams(f"{field}.dists", "a token tree carries no distributions (greedy and seeded modes)")
     scores = [float(x) for x in m.scores]
     if scores and (len(scores) != len(tokens) or not all(math.isfinite(x) and x <= 0 for x in scores)):
         raise InvalidParams(f"{field}.scores", "one log-probability (finite, <= 0) per tree token, or none")
-    return Draft(tokens=tokens, parents=parents, scores=scores or None)
+    # A sampled tree: one q per node, its parent's (specdec/core/tree_sampling.py).
+    probs = _dists_from_proto(m, tokens, vocab_size, field) if m.dists else None
+    return Draft(tokens=tokens, probs=probs, parents=parents, scores=scores or None)
 
 
 def draft_to_proto(request_id: str, draft: Draft) -> worker_pb2.Draft:
@@ -273,9 +273,13 @@ def draft_from_proto(m: worker_pb2.Draft, vocab_size: int | None = None, field: 
     tokens = list(m.tokens)
     check_token_ids(tokens, vocab_size, f"{field}.tokens")
     if m.parents or m.scores:
-        return _tree_from_proto(m, tokens, field)
+        return _tree_from_proto(m, tokens, vocab_size, field)
     if not m.dists:
         return Draft(tokens=tokens, probs=None)
+    return Draft(tokens=tokens, probs=_dists_from_proto(m, tokens, vocab_size, field))
+
+
+def _dists_from_proto(m: worker_pb2.Draft, tokens: list[int], vocab_size: int | None, field: str) -> list[SparseDist]:
     if len(m.dists) != len(tokens):
         raise InvalidParams(
             f"{field}.dists",
@@ -289,7 +293,7 @@ def draft_from_proto(m: worker_pb2.Draft, vocab_size: int | None = None, field: 
         if not all(math.isfinite(p) and p >= 0 for p in d.probs):
             raise InvalidParams(f"{field}.dists", f"position {j}: probabilities must be finite and >= 0")
         probs.append((list(d.ids), [float(p) for p in d.probs]))
-    return Draft(tokens=tokens, probs=probs)
+    return probs
 
 
 def outcome_to_proto(request_id: str, result: VerifyResult) -> worker_pb2.VerifyOutcome:

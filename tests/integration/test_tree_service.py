@@ -81,3 +81,15 @@ def test_trees_give_the_target_alone_output(service, engine):
     trees = service.metric("specdec_draft_tree_nodes_count")
     assert trees > 0
     assert service.metric("specdec_draft_tree_nodes_bucket", {"le": "2.0"}) < trees
+
+
+def test_sampling_requests_are_served_with_sampled_trees(service):
+    """Unseeded sampling: the draft worker draws trees (specdec/core/tree_sampling.py), the router
+    passes them with each node's q, the target verifies them by recursive rejection."""
+    before = service.metric("specdec_draft_tree_nodes_count")
+    for prompt in PROMPTS[:2]:
+        out = service.client.generate(
+            prompt_token_ids=prompt, max_tokens=24, ignore_eos=True, temperature=1.0, mode="draft", timeout=120
+        )
+        assert len(out.token_ids) == 24
+    assert service.metric("specdec_draft_tree_nodes_count") > before

@@ -143,9 +143,9 @@ def test_broken_tree_verifier_is_caught(tiny, monkeypatch):
 
     honest = target_module.verify_tree
 
-    def deepest(logits, draft, params, mode, *, start_pos):
+    def deepest(logits, draft, params, mode, *, start_pos, generator):
         if not draft.tokens:  # nothing to misjudge in an empty tree (the tail of a request)
-            return honest(logits, draft, params, mode, start_pos=start_pos)
+            return honest(logits, draft, params, mode, start_pos=start_pos, generator=generator)
         path = max(leaf_paths(draft.parents), key=len)
         last = int(torch.argmax(logits[path[-1] + 1]))
         return VerifyResult(tokens=[draft.tokens[i] for i in path] + [last], num_accepted=len(path)), path

@@ -55,10 +55,19 @@ def test_a_tree_holds_the_chain_and_is_cut_to_k(draft_model, expand, mode):
     assert [d.tokens[:1] for d in again] == [d.tokens[:1] for d in trees]
 
 
-def test_sampling_requests_still_draft_chains(draft_model):
+def test_sampling_requests_draft_sampled_trees(draft_model):
+    """A grown tree for a sampling request: each node with the q it and its siblings were drawn from
+    (specdec/core/tree_sampling.py); distinct siblings. Runners-up as leaves stay greedy-only."""
     drafter = ModelDrafter(ModelRunner(draft_model, num_slots=2, max_len=64), tree=TreeShape(3, 2, 12))
     drafts = drafter.propose(_inputs(3, VerifyMode.REJECTION))
-    assert all(d.parents is None and d.probs for d in drafts)
+    for d in drafts:
+        assert d.parents is not None and len(d.probs) == d.k > d.depth
+        for parent in set(d.parents):
+            siblings = [i for i, p in enumerate(d.parents) if p == parent]
+            assert len({d.tokens[i] for i in siblings}) == len(siblings)
+            assert all(d.probs[i] == d.probs[siblings[0]] and d.tokens[i] in d.probs[i][0] for i in siblings)
+    leaves = ModelDrafter(ModelRunner(draft_model, num_slots=2, max_len=64), tree=TreeShape(3, 0, 12))
+    assert all(d.parents is None and d.probs for d in leaves.propose(_inputs(3, VerifyMode.REJECTION)))
 
 
 def test_branch_chain_puts_runners_up_beside_the_chain():

@@ -21,6 +21,11 @@ def test_a_tree_travels_whole():
     assert back.scores == pytest.approx(TREE.scores)
     chain = draft_from_proto(draft_to_proto("r", Draft(tokens=[1, 2])), vocab_size=10)
     assert chain.parents is None and chain.scores is None
+    # A sampled tree keeps each node's q (specdec/core/tree_sampling.py).
+    qs = [([5, 6], [0.5, 0.5])] * 2 + [([7, 8], [0.75, 0.25])] * 2
+    sampled = Draft(tokens=list(TREE.tokens), probs=qs, parents=list(TREE.parents), scores=list(TREE.scores))
+    back = draft_from_proto(draft_to_proto("r", sampled), vocab_size=10)
+    assert back.parents == TREE.parents and back.probs == qs
 
 
 @pytest.mark.parametrize(
@@ -30,7 +35,7 @@ def test_a_tree_travels_whole():
         (dict(parents=[-1, 0]), "parents"),  # not one per token
         (dict(scores=[0.1, -1.0, -1.0, -1.0]), "scores"),  # a probability above 1
         (dict(scores=[-1.0]), "scores"),
-        (dict(dists=[worker_pb2.SparseDist(ids=[5], probs=[1.0])] * 4), "dists"),
+        (dict(dists=[worker_pb2.SparseDist(ids=[5], probs=[1.0])] * 2), "dists"),  # not one per token
     ],
 )
 def test_a_malformed_tree_is_refused(fields, bad):
