@@ -1,6 +1,7 @@
 """`specdec bench generate`: specdec side by side with transformers, interleaved in one process.
 
-Every configuration decodes the same prompts greedily, prompt by prompt, each configuration in
+Every configuration decodes the same prompts greedily (or, with ``--temperature``, the specdec
+configurations sample: rejection verification, trees drawn), prompt by prompt, each configuration in
 turn (the order rotates from one prompt to the next), so drift and noise from other processes hit
 all of them alike. Every speed figure is a ratio between configurations measured in this one run.
 
@@ -100,6 +101,7 @@ class BenchOptions:
     budget_s: float | None = None  # stop starting new prompts when the next would overrun this
     step_repeat: int = 5  # runner decode steps timed at the end for the model-only c (0: skip)
     draft_options: DraftOptions | None = None  # how specdec cheapens its draft model (None: build's defaults)
+    temperature: float = 0.0  # above 0: specdec configurations sample (rejection verification) instead
 
 
 # ---------------------------------------------------------------------------------------- configurations
@@ -130,6 +132,7 @@ def build_configs(
     max_len: int,
     ngram_k: int = 4,
     draft_options: DraftOptions | None = None,
+    temperature: float = 0.0,
 ) -> dict:
     """One target runner and one draft runner, shared by every specdec engine (they run one at a time).
 
@@ -166,7 +169,7 @@ def build_configs(
             engine = SpecEngine(
                 target_runner, target.tokenizer, drafter, k_policy=policy, eos_token_ids=target.eos_token_ids
             )
-            configs[name] = SpecConfig(name, engine, drafter, k)
+            configs[name] = SpecConfig(name, engine, drafter, k, temperature)
     return configs
 
 
@@ -278,6 +281,12 @@ def run_benchmark(
     names = _expand(options)
     if not names:
         raise BenchError("no configurations to run")
+    sampled_hf = [n for n in names if n.startswith("hf_")] if options.temperature > 0 else []
+    if sampled_hf or options.temperature < 0:
+        raise BenchError(
+            f"--temperature {options.temperature}: specdec configurations sample at a temperature above 0; "
+            f"leave out {', '.join(sampled_hf) or 'nothing'} with --configs specdec_..., or give a temperature >= 0"
+        )
     needs_draft = any(family(n) in NEEDS_DRAFT for n in names)
     if needs_draft and draft is None:
         raise BenchError(
@@ -296,7 +305,15 @@ def run_benchmark(
     encoded = [encode(target_m.tokenizer, p) for p in prompt_list]
     ks = [k for k in (fixed_k(n) for n in names) if k] + [KPolicy().k_max]  # + the adaptive k_max
     max_len = max(len(e) for e in encoded) + options.max_tokens + max(ks) + 8
-    configs = build_configs(names, target_m, draft_m, max_len, ngram_k=options.k, draft_options=options.draft_options)
+    configs = build_configs(
+        names,
+        target_m,
+        draft_m,
+        max_len,
+        ngram_k=options.k,
+        draft_options=options.draft_options,
+        temperature=options.temperature,
+    )
     if options.warmup:
         _warmup(configs, encoded[0], options.max_tokens)
     runs, started, done = [], time.perf_counter(), 0
@@ -353,6 +370,7 @@ def _meta(options, target_m, draft_m, prompts, prompt_list, encoded, done, total
         "draft": draft_m.name if draft_m is not None else None,
         "dtype": options.dtype,
         "max_tokens": options.max_tokens,
+        "temperature": options.temperature,
         "repeat": options.repeat,
         "k": options.k,
         "hf_k": options.hf_k if options.hf_k is not None else options.k,

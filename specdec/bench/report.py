@@ -71,6 +71,11 @@ def format_table(result: dict) -> str:
         "difference (prefix) equal to hf_target's output and, for specdec_*, to specdec_target's (k = 0): "
         "the lossless promise is the latter.",
     ]
+    if meta.get("temperature", 0.0) > 0:
+        lines.append(
+            f"sampled at temperature {meta['temperature']} (rejection verification): outputs are draws, so agree "
+            "is not expected to be 1 (tests/unit/test_tree_sampling.py and test_verify.py check the distribution)."
+        )
     steps = summary.get("runner_steps")
     if steps:
         lines.append(

@@ -46,6 +46,7 @@ class SpecConfig:
     engine: SpecEngine
     timer: TimedDrafter | None
     k: int | None  # fixed k, None for adaptive / n-gram / target-only
+    temperature: float = 0.0  # above 0: unseeded sampling (rejection verification), not greedy
 
 
 def run_spec(cfg: SpecConfig, prompt_ids: list[int], max_tokens: int) -> Outcome:
@@ -55,7 +56,7 @@ def run_spec(cfg: SpecConfig, prompt_ids: list[int], max_tokens: int) -> Outcome
         cfg.timer.take()
     rounds: list[Round] = []
     t0 = time.perf_counter()
-    rid = engine.add_request(prompt_ids, SamplingParams(max_tokens=max_tokens))
+    rid = engine.add_request(prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature))
     while engine.has_work:
         ts = time.perf_counter()
         outputs = engine.step()

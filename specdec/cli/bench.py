@@ -123,6 +123,7 @@ def _bench_generate(args: argparse.Namespace) -> int:
         warmup=not args.no_warmup,
         budget_s=args.budget_s,
         draft_options=draft_options,
+        temperature=args.temperature,
     )
     try:
         result = run_benchmark(args.target, args.draft, args.prompts, options)
@@ -217,6 +218,13 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help=f"configurations to run (default all): {', '.join(FAMILIES)}",
     )
     add_draft_option_flags(p)
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sample at this temperature (unseeded: rejection verification) instead of decoding greedily; "
+        "specdec configurations only, their outputs are then draws, not compared token by token (default 0)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument(
         "--budget-s",

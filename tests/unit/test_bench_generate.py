@@ -251,3 +251,25 @@ def test_percentile():
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+
+
+def test_sampling_runs_specdec_configurations_only(tiny_paths, tmp_path):
+    with pytest.raises(bg.BenchError, match="hf_target"):
+        bg.run_benchmark("unused", None, [], bg.BenchOptions(temperature=0.8, configs=("hf_target", "specdec_target")))
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    trees = DraftOptions(tree_width=2, tree_expand=1)
+    options = bg.BenchOptions(
+        max_tokens=8,
+        dtype="float32",
+        configs=("specdec_target", "specdec_default"),
+        warmup=False,
+        draft_options=trees,
+        temperature=1.0,
+        step_repeat=0,
+    )
+    out = bg.run_benchmark(str(tiny_paths["llama"]), str(tiny_paths["llama-draft"]), str(path), options)
+    assert out["meta"]["temperature"] == 1.0
+    default = out["summary"]["configs"]["specdec_default"]
+    assert default["tok_s"] > 0 and default["tau"] >= 1.0
+    assert "sampled at temperature 1.0" in report.format_table(out)
