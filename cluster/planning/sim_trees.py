@@ -27,6 +27,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from specdec.core.draft_options import draft_options_from_dict
 from specdec.core.round_types import Draft
 from specdec.core.token_tree import depths
 
@@ -48,6 +49,15 @@ class SimTrees:
     def __post_init__(self) -> None:
         if min(self.width, self.nodes) < 1 or self.expand < 0 or not 0.0 <= self.runner_up <= 1.0:
             raise ValueError(f"a simulated tree needs width, nodes >= 1, expand >= 0, runner_up in [0, 1]: {self}")
+
+    @classmethod
+    def of_draft_worker(cls, draft_options: dict | None, runner_up: float = 0.0) -> SimTrees | None:
+        """The trees a draft worker of these ``draft_options`` drafts (specdec/core/build.py: a
+        tree where ``tree_width`` > 1), or None (chains)."""
+        o = draft_options_from_dict(draft_options)
+        if o.tree_width <= 1:
+            return None
+        return cls(width=o.tree_width, expand=o.tree_expand, nodes=o.tree_nodes, runner_up=runner_up)
 
 
 def rank_chance(a: float, rank: int, runner_up: float) -> float:

@@ -147,3 +147,49 @@ def test_with_no_runner_up_chance_a_tree_accepts_what_its_chain_does():
     assert within_sample_error(t, "chain_expected_mean")
     with_runners_up = run(SHAPE, sloped=False).trees
     assert not within_sample_error(with_runners_up, "chain_expected_mean")  # the check can fail
+
+
+def test_a_prediction_simulates_the_trees_its_draft_worker_is_configured_to_draft():
+    """The draft worker drafts a tree where draft_options.tree_width > 1 (specdec/core/build.py)."""
+    from cluster.config import ServeConfig
+    from cluster.planning.predict import _deployment
+
+    def trees_of(draft_options):
+        pools = {"target": {"model": "t"}, "draft": {"model": "d", "draft_options": draft_options}}
+        serve = ServeConfig.from_dict({**pools, "router": {"micro_batches": 1, "predraft": False}})
+        return _deployment(make_profile(), serve, "auto", colocated=True).trees
+
+    assert trees_of({"tree_width": 3, "tree_expand": 2, "tree_nodes": 10}) == SimTrees(3, 2, 10)
+    assert trees_of(None) is None  # chains by default
+    with pytest.raises(ValueError, match="tree_width"):
+        SimTrees.of_draft_worker({"tree_width": 0})
+
+
+def test_a_plan_candidate_with_trees_reports_what_they_accept_beside_the_chain():
+    """`specdec plan`'s simulations over the catalog's roofline: on a GPU a verify of a few more rows
+    costs about the same, so the trees stay and their runners-up add tokens."""
+    from cluster.planning.catalog import load_catalog
+    from cluster.planning.planner import SLO, Candidate, PlanWorkload, SearchSpace, _Planner
+    from cluster.planning.workload import AcceptanceModel, parse_lengths
+    from router.config import RouterConfig
+
+    def evaluate(trees):
+        wl = PlanWorkload(2.0, parse_lengths("256"), parse_lengths("64"), {"draft": [AcceptanceModel.iid(A)]}, 20)
+        wl.trees = trees
+        catalog = load_catalog()
+        planner = _Planner(
+            catalog,
+            catalog.model("llama-3.1-8b"),
+            catalog.model("llama-3.2-1b"),
+            wl,
+            SLO(),
+            SearchSpace(),
+            RouterConfig(),
+            lambda _: None,
+        )
+        return planner.evaluate(Candidate("A100-80GB", 1, 1, "colocated", 1, "adaptive", 32))[1]
+
+    assert evaluate(None).trees is None
+    t = evaluate(SHAPE).trees
+    assert t["nodes_mean"] > 4 and t["accepted_mean"] > t["chain_expected_mean"]
+    assert within_sample_error(t, "expected_mean")
