@@ -94,9 +94,12 @@ class Outcomes:
         model = self._model(key, tokens)
         return getattr(model, "rest", model)
 
-    def tree(self, key: str, tokens: int, k: int) -> Draft:
-        """The tree the drafter proposes for a round of depth ``k``."""
+    def tree(self, key: str, tokens: int, k: int) -> Draft | None:
+        """The tree the drafter proposes for a round of depth ``k``; None for a request that has
+        ended (a late Propose the router let finish: its result goes unused)."""
         assert self.trees is not None
+        if key not in self._by_key:
+            return None
         return draft_tree(self.trees, self._chances(key, tokens).accept_p, k)
 
     def verify_tree(self, key: str, tokens: int, draft: Draft) -> list[int]:
@@ -296,8 +299,8 @@ class SimWorker:
         items = request.items
         rows = len(items)
         # The target's GEMMs run over the rows' tokens packed (runner.forward), so a round costs what
-        # uniform rows of the mean width cost, not the widest row times the batch.
-        # A tree's nodes are its row's tokens (verify width).
+        # uniform rows of the mean width cost, not the widest row times the batch; a tree's nodes
+        # are its row's tokens.
         width = sum(d.k + 1 for _, _, d in items) / rows
         compute = await self._run(c.verify_rpc_s, c.verify_s(rows, width, max(n for _, n, _ in items)))
         outcomes = []
@@ -345,9 +348,12 @@ class SimWorker:
     def _draft(self, s: worker_pb2.Sequence) -> worker_pb2.Draft:
         """A chain of ``k`` first choices, or (greedy and seeded requests, where the drafter drafts
         trees: specdec/core/drafters.py) a tree ``k`` deep."""
-        if self.outcomes.trees is None or s.mode == generate_pb2.VERIFY_MODE_REJECTION or s.k <= 0:
+        tree = None
+        if self.outcomes.trees is not None and s.mode != generate_pb2.VERIFY_MODE_REJECTION and s.k > 0:
+            tree = self.outcomes.tree(s.request_id, len(s.tokens), s.k)
+        if tree is None:
             return worker_pb2.Draft(request_id=s.request_id, tokens=[MATCH] * s.k)
-        return draft_to_proto(s.request_id, self.outcomes.tree(s.request_id, len(s.tokens), s.k))
+        return draft_to_proto(s.request_id, tree)
 
 
 def jitter(rng: random.Random, sigma: float) -> Callable[[], float] | None:

@@ -65,6 +65,8 @@ def test_the_tree_has_the_draft_workers_shape_with_siblings_told_apart_by_rank()
     assert len(chain_with_leaves.tokens) == 3 * K
     with pytest.raises(ValueError, match="runner_up"):
         SimTrees(runner_up=1.5)
+    # a late Propose for a request that has ended gets a chain (the router does not use it)
+    assert cluster.planning.sim_workers.Outcomes(random.Random(0), SHAPE).tree("ended", 10, K) is None
 
 
 def test_the_expectation_by_depth_and_rank_by_hand():
