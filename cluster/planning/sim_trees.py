@@ -15,8 +15,9 @@ the drafter did not rank).
 **Acceptance, by depth and rank.** At depth j the first choice is the target's token with the chain
 model's chance a_j (``AcceptanceModel.accept_p``); where it is not, each runner-up in rank order
 catches ``runner_up`` of the misses left before it, so the child of rank r >= 1 is the target's
-token with (1 - a_j) * runner_up * (1 - runner_up)^(r - 1). With ``runner_up`` 0 a tree accepts what
-its own chain does. A node's score (the log of its path's chance) is what the router's
+token with (1 - a_j) * runner_up * (1 - runner_up)^(r - 1). Past the depth the chain model's draft_p
+says the drafter would have stopped at, nothing is accepted, as in a chain. With ``runner_up`` 0 a
+tree accepts what its own chain does. A node's score (the log of its path's chance) is what the router's
 ``TreeSizer`` cuts by; the sizer calibrates scores against what is accepted, as it does a real
 drafter's.
 """

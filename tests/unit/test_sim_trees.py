@@ -59,8 +59,7 @@ def test_the_tree_has_the_draft_workers_shape_with_siblings_told_apart_by_rank()
     assert all(sorted(ts) == [0, 1, 2] for ts in siblings.values())
     cut = draft_tree(SHAPE, [A], K)
     assert cut.k == SHAPE.nodes and cut.tokens[:1] == [0]
-    own = [i for i, (t, p) in enumerate(zip(cut.tokens, cut.parents)) if t == 0 and (p < 0 or cut.tokens[p] == 0)]
-    assert len(own) == K  # the draft's own chain is kept whole
+    assert cut.holds([0] * K)  # the draft's own chain (first choices all the way) is kept whole
     chain_with_leaves = draft_tree(SimTrees(width=3, expand=0, nodes=100), [A], K)
     assert len(chain_with_leaves.tokens) == 3 * K
     with pytest.raises(ValueError, match="runner_up"):
