@@ -21,6 +21,7 @@ from typing import Any
 from cluster.planning.ahead import Ahead
 from cluster.planning.catalog import Catalog, Device, ModelShape
 from cluster.planning.costs import RooflineCosts, fits, memory_needed_gb
+from cluster.planning.sim_trees import SimTrees
 from cluster.planning.simulator import Deployment, SimResult, simulate
 from cluster.planning.workload import AcceptanceModel, LengthDist, SimRequestSpec, poisson_requests
 from router.config import RouterConfig
@@ -65,6 +66,7 @@ class PlanWorkload:
     requests: int = 300
     seed: int = 0
     trace: list[SimRequestSpec] | None = None  # replaces the Poisson arrivals when given
+    trees: SimTrees | None = None  # the draft model drafts token trees of this shape (sim_trees.py)
 
     def make(self, rate: float | None = None) -> list[SimRequestSpec]:
         if self.trace is not None and rate is None:
@@ -289,6 +291,7 @@ class _Planner:
             max_context=self.max_context,
             colocated=c.draft_device == COLOCATED,
             mode="auto",
+            trees=self.wl.trees,
         )
         reqs = self.requests if rate is None else self.wl.make(rate)
         res = simulate(dep, reqs, seed=self.wl.seed)

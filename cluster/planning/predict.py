@@ -20,6 +20,7 @@ from cluster.config import ServeConfig
 from cluster.planning.costs import ProfileCosts
 from cluster.planning.greedy_path import GreedyPath
 from cluster.planning.profile import Profile, ProfileError
+from cluster.planning.sim_trees import SimTrees
 from cluster.planning.simulator import Deployment, SimResult, simulate
 from cluster.planning.workload import AcceptanceModel, SimRequestSpec, WorkloadError, acceptance_pool
 from specdec.bench.serve import poisson_arrivals, summarize
@@ -75,6 +76,8 @@ def _deployment(profile: Profile, serve: ServeConfig, mode: str, colocated: bool
         colocated=colocated,
         mode=mode,
         jitter=jitter,
+        # the draft worker's own trees; runners-up get no extra chance until one is measured
+        trees=SimTrees.of_draft_worker(draft.worker.draft_options) if model_draft else None,
     )
 
 

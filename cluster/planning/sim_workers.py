@@ -10,7 +10,9 @@ What the target accepts comes from each request's acceptance model (:class:`Outc
 token values. Token ids are placeholders chosen so that the router's own checks read the sampled
 outcome: a prompt is its request's index followed by zeros, every draft token is 0, and the
 target's last token is 0 exactly when the drafter's next token would have matched it too (a
-pre-draft on the all-accepted guess is then usable), 1 otherwise.
+pre-draft on the all-accepted guess is then usable), 1 otherwise. Where the deployment drafts token
+trees, a tree node's token is its rank among its siblings and the target's walk of the tree is
+drawn by depth and rank (:mod:`cluster.planning.sim_trees`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,20 @@ from dataclasses import dataclass
 
 from cluster.planning.costs import Costs
 from cluster.planning.devices import Call, Device, Worker
+from cluster.planning.sim_trees import (
+    SimTrees,
+    TreeTally,
+    accept_path,
+    chain_expected,
+    draft_tree,
+    expected_accepted,
+)
 from cluster.planning.workload import SimRequestSpec
 from router.jobs import Job
 from router.target_link import TargetLink
 from specdec.core.round_types import Draft
-from specdec.rpc import worker_pb2
+from specdec.rpc import generate_pb2, worker_pb2
+from specdec.rpc.convert import draft_to_proto
 
 __all__ = ["MATCH", "MISS", "VOCAB", "Outcomes", "SimNgram", "SimTargetLink", "SimVerifyRequest", "SimWorker"]
 
@@ -45,10 +56,13 @@ class _Request:
 class Outcomes:
     """Per request, what its drafter proposes and the target accepts each round: drawn from its
     acceptance model (a request's first round from the model's first-round part where it has one)
-    with the simulation's random stream."""
+    with the simulation's random stream. ``trees``: the draft model drafts token trees of that shape
+    (greedy and seeded requests, as the draft worker does); None: chains."""
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, trees: SimTrees | None = None):
         self.rng = rng
+        self.trees = trees
+        self.tally = TreeTally()
         self._by_key: dict[str, _Request] = {}
         self._by_index: dict[int, str] = {}
         self._pending: dict[str, tuple[int, int, bool]] = {}  # an n-gram draft's drawn outcome
@@ -63,13 +77,46 @@ class Outcomes:
             self._by_index.pop(r.index, None)
         self._pending.pop(key, None)
 
-    def _draw(self, key: str, tokens: int, k: int) -> tuple[int, int, bool]:
+    def _model(self, key: str, tokens: int):  # noqa: ANN202 - an AcceptanceModel or a GreedyPath
         r = self._by_key[key]
         model = r.spec.acceptance[r.drafter]
-        position = tokens - r.spec.prompt_tokens
-        if model.first is not None and position <= 0:
+        if model.first is not None and tokens <= r.spec.prompt_tokens:
             model = model.first
-        return model.sample(k, self.rng, max(0, position))
+        return model
+
+    def _draw(self, key: str, tokens: int, k: int) -> tuple[int, int, bool]:
+        position = tokens - self._by_key[key].spec.prompt_tokens
+        return self._model(key, tokens).sample(k, self.rng, max(0, position))
+
+    def _chances(self, key: str, tokens: int):  # noqa: ANN202
+        """The per-token chances a tree is drawn by: a greedy path's replay is of chains, so its
+        trees follow the model it falls back to past its end."""
+        model = self._model(key, tokens)
+        return getattr(model, "rest", model)
+
+    def tree(self, key: str, tokens: int, k: int) -> Draft | None:
+        """The tree the drafter proposes for a round of depth ``k``; None for a request that has
+        ended (a late Propose the router let finish: its result goes unused)."""
+        assert self.trees is not None
+        if key not in self._by_key:
+            return None
+        return draft_tree(self.trees, self._chances(key, tokens).accept_p, k)
+
+    def verify_tree(self, key: str, tokens: int, draft: Draft) -> list[int]:
+        """The target's tokens for a tree: the accepted path and one more."""
+        assert self.trees is not None
+        model = self._chances(key, tokens)
+        drafted = 0  # as deep as the drafter would have gone: the chain's draw of draft_p
+        while drafted < draft.depth and self.rng.random() < model.at(model.draft_p, drafted):
+            drafted += 1
+        path, after = accept_path(draft, model.accept_p, drafted, self.trees, self.rng)
+        self.tally.add(
+            draft.k,
+            len(path),
+            expected_accepted(draft, model.accept_p, model.draft_p, self.trees.runner_up),
+            chain_expected(model.accept_p, model.draft_p, draft.depth),
+        )
+        return path + [after]
 
     def ngram(self, tokens: list[int], k: int) -> int:
         """How many tokens the n-gram drafter proposes for the request whose tokens these are."""
@@ -103,11 +150,11 @@ class SimNgram:
 
 @dataclass
 class SimVerifyRequest:
-    """A round's Verify as a simulated target needs it: (request key, its tokens, its draft's
-    length) per row. A simulated link passes it instead of the protobuf request, whose encoding of
-    every row's whole context is the service's cost of a round, not a decision."""
+    """A round's Verify as a simulated target needs it: (request key, its tokens, its draft) per
+    row. A simulated link passes it instead of the protobuf request, whose encoding of every row's
+    whole context is the service's cost of a round, not a decision."""
 
-    items: list[tuple[str, int, int]]
+    items: list[tuple[str, int, Draft]]
 
 
 class SimTargetLink(TargetLink):
@@ -121,7 +168,7 @@ class SimTargetLink(TargetLink):
         self.costs = costs
 
     def encode(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> SimVerifyRequest:  # type: ignore[override]
-        return SimVerifyRequest([(j.key, len(j.state.tokens), len(d.tokens)) for j, d in zip(jobs, drafts)])
+        return SimVerifyRequest([(j.key, len(j.state.tokens), d) for j, d in zip(jobs, drafts)])
 
     async def verify(self, jobs: Sequence[Job], drafts: Sequence[Draft], cached_on: int) -> tuple[list, float | None]:
         await asyncio.sleep(self.costs.router_s(len(jobs)))
@@ -252,12 +299,16 @@ class SimWorker:
         items = request.items
         rows = len(items)
         # The target's GEMMs run over the rows' tokens packed (runner.forward), so a round costs what
-        # uniform rows of the mean width cost, not the widest row times the batch.
-        width = sum(k + 1 for _, _, k in items) / rows
+        # uniform rows of the mean width cost, not the widest row times the batch; a tree's nodes
+        # are its row's tokens.
+        width = sum(d.k + 1 for _, _, d in items) / rows
         compute = await self._run(c.verify_rpc_s, c.verify_s(rows, width, max(n for _, n, _ in items)))
         outcomes = []
-        for key, n, k in items:
-            tokens = self.outcomes.verify(key, n, k)
+        for key, n, d in items:
+            if d.parents is not None:
+                tokens = self.outcomes.verify_tree(key, n, d)
+            else:
+                tokens = self.outcomes.verify(key, n, d.k)
             self.cached[key] = n + len(tokens) - 1
             outcomes.append(worker_pb2.VerifyOutcome(request_id=key, tokens=tokens, num_accepted=len(tokens) - 1))
         return worker_pb2.VerifyResponse(outcomes=outcomes), compute
@@ -285,10 +336,24 @@ class SimWorker:
         # More new tokens than a round commits (a prompt's tail, a moved request, catching up after
         # speculation was off) is a prefill before the draft steps.
         new = [self._new_tokens(s, cache_last=True) for s in seqs]
-        work = c.draft_s(len(seqs), k, context) + c.draft_prefill_s(sum(n for n in new if self.catch_up(n)))
+        trees = self.outcomes.trees
+        # A tree grows a level per draft forward over `expand` nodes of each row (tree_drafting.py):
+        # priced as a chain's steps at that many rows; `expand` 0 runs the chain's own forwards.
+        rows = len(seqs) * (max(1, trees.expand) if trees is not None else 1)
+        work = c.draft_s(rows, k, context) + c.draft_prefill_s(sum(n for n in new if self.catch_up(n)))
         compute = await self._run(c.draft_rpc_s, work)
-        drafts = [worker_pb2.Draft(request_id=s.request_id, tokens=[MATCH] * s.k) for s in seqs]
+        drafts = [self._draft(s) for s in seqs]
         return worker_pb2.ProposeResponse(drafts=drafts), compute
+
+    def _draft(self, s: worker_pb2.Sequence) -> worker_pb2.Draft:
+        """A chain of ``k`` first choices, or (greedy and seeded requests, where the drafter drafts
+        trees: specdec/core/drafters.py) a tree ``k`` deep."""
+        tree = None
+        if self.outcomes.trees is not None and s.mode != generate_pb2.VERIFY_MODE_REJECTION and s.k > 0:
+            tree = self.outcomes.tree(s.request_id, len(s.tokens), s.k)
+        if tree is None:
+            return worker_pb2.Draft(request_id=s.request_id, tokens=[MATCH] * s.k)
+        return draft_to_proto(s.request_id, tree)
 
 
 def jitter(rng: random.Random, sigma: float) -> Callable[[], float] | None:

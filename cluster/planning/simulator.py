@@ -27,6 +27,7 @@ from prometheus_client import generate_latest
 from cluster.planning.costs import Costs
 from cluster.planning.devices import Device
 from cluster.planning.sim_clients import ClosedLoopClients
+from cluster.planning.sim_trees import SimTrees
 from cluster.planning.sim_workers import Outcomes, SimNgram, SimTargetLink, SimWorker, jitter
 from cluster.planning.virtual_loop import VirtualClockLoop
 from cluster.planning.workload import SimRequestSpec, WorkloadError
@@ -68,6 +69,9 @@ class Deployment:
     # from the run's seed. The router's k reads measured times, so the spread moves its k, and a
     # greedy request's path with it; without it the draws of greedy requests never differ.
     jitter: float = 0.0
+    # The draft worker drafts token trees of this shape (its --tree-* options), runners-up accepted
+    # as sim_trees.py says; None: chains.
+    trees: SimTrees | None = None
 
 
 @dataclass
@@ -97,6 +101,10 @@ class SimResult:
     peak_running: int  # the most requests one target ran at once (below max_batch: the cap never bound)
     rebalance_actions: dict[str, float]  # what the router's rebalancer did (its counters)
     memory: RouterMemory | None = None  # the router's state at the end (for the next run)
+    # With trees: their rounds' nodes and accepted tokens beside the acceptance model's expectation
+    # (sim_trees.TreeTally), and the router's own histogram of the nodes it verified (its
+    # specdec_draft_tree_nodes: cumulative counts by upper bound, after its TreeSizer's cut)
+    trees: dict[str, Any] | None = None
 
 
 class _Run:
@@ -107,7 +115,7 @@ class _Run:
         self.cfg = cfg = dep.router
         self.loop = asyncio.get_running_loop()
         self.metrics = Metrics()
-        self.outcomes = Outcomes(random.Random(seed))
+        self.outcomes = Outcomes(random.Random(seed), dep.trees)
         noise = jitter(random.Random(seed + 7919), dep.jitter)  # its own stream: the draws stay as without it
         k_max = cfg.k_policy.k_max
 
@@ -276,7 +284,18 @@ class _Run:
             peak_running=max(s.peak_running for s in self.schedulers),
             rebalance_actions=_counters(self.metrics.rebalance_actions),
             memory=self.memory(),
+            trees=self._trees(),
         )
+
+    def _trees(self) -> dict[str, Any] | None:
+        summary = self.outcomes.tally.summary()
+        if summary is None:
+            return None
+        samples = self.metrics.tree_nodes.collect()[0].samples
+        summary["router_nodes_le"] = {
+            float(s.labels["le"]): int(s.value) for s in samples if s.name.endswith("_bucket")
+        }
+        return summary
 
 
 class _Stream:
