@@ -57,7 +57,7 @@ class Outcomes:
     """Per request, what its drafter proposes and the target accepts each round: drawn from its
     acceptance model (a request's first round from the model's first-round part where it has one)
     with the simulation's random stream. ``trees``: the draft model drafts token trees of that shape
-    (greedy and seeded requests, as the draft worker does); None: chains."""
+    (for the requests the draft worker drafts them for); None: chains."""
 
     def __init__(self, rng: random.Random, trees: SimTrees | None = None):
         self.rng = rng
@@ -346,10 +346,12 @@ class SimWorker:
         return worker_pb2.ProposeResponse(drafts=drafts), compute
 
     def _draft(self, s: worker_pb2.Sequence) -> worker_pb2.Draft:
-        """A chain of ``k`` first choices, or (greedy and seeded requests, where the drafter drafts
-        trees: specdec/core/drafters.py) a tree ``k`` deep."""
-        tree = None
-        if self.outcomes.trees is not None and s.mode != generate_pb2.VERIFY_MODE_REJECTION and s.k > 0:
+        """A chain of ``k`` first choices, or (where the drafter drafts trees: every request when
+        they are grown, greedy and seeded ones only when runners-up are leaves;
+        specdec/core/drafters.py) a tree ``k`` deep."""
+        trees, tree = self.outcomes.trees, None
+        grows = trees is not None and (trees.expand > 0 or s.mode != generate_pb2.VERIFY_MODE_REJECTION)
+        if grows and s.k > 0:
             tree = self.outcomes.tree(s.request_id, len(s.tokens), s.k)
         if tree is None:
             return worker_pb2.Draft(request_id=s.request_id, tokens=[MATCH] * s.k)
