@@ -20,8 +20,8 @@ as long as the child really was drawn from q_i. So the stage's output is r, by i
 last stage (a draw from r), and the first stage's r is p (docs/design.md, "Token trees";
 `tests/unit/test_tree_sampling.py` checks it by chi-square, and that dropping the "without
 replacement" from q_i is caught). A child that is not in its q_i (a drafter that does not follow
-the scheme) is verified as a point mass on it, which is exact for a token chosen by any rule that
-does not look at the target.
+the scheme, or a tree sent without distributions) is verified as a point mass on it, which is exact
+for a token chosen by any rule that does not look at the target.
 
 Which children are kept (the tree's size) may depend on anything the drafter knows, but a kept
 child's earlier siblings must be kept too: a child is only drawn from q_i given the draws before it
@@ -91,8 +91,9 @@ def verify_sampled_tree(
     """Verify a sampled tree: `logp` [1 + nodes, V], the target's processed log-probabilities,
     row 0 after the committed tokens and row 1 + i after node i. Returns the verdict and the
     accepted nodes, root first."""
-    if draft.probs is None or len(draft.probs) != len(draft.tokens):
-        raise ValueError("verify_sampled_tree: a sampled tree needs one distribution per node")
+    if draft.probs is not None and len(draft.probs) != len(draft.tokens):
+        raise ValueError("verify_sampled_tree: a sampled tree needs one distribution per node, or none")
+    no_q: SparseDist = ([], [])  # a tree sent without distributions: every node a point mass
     children: dict[int, list[int]] = {}
     for i, parent in enumerate(draft.parents or ()):
         children.setdefault(parent, []).append(i)
@@ -104,7 +105,7 @@ def verify_sampled_tree(
         drawn: list[int] = []
         for child in children.get(node, ()):
             x = draft.tokens[child]
-            qi = _stage_q(draft.probs[child], drawn, x, r)
+            qi = _stage_q(no_q if draft.probs is None else draft.probs[child], drawn, x, r)
             (u,) = draw_uniforms(1, generator)
             if u * float(qi[x]) < float(r[x]):  # accept with probability min(1, r(x) / q_i(x))
                 path.append(child)

@@ -96,6 +96,13 @@ def test_children_not_drawn_from_their_q_are_point_masses():
     first, _, _ = _run(4000, fixed)
     assert chi2_pvalue(first, P_ROOT) > CHI2_ALPHA
 
+    def without_q(_g):
+        return Draft(tokens=[2, 3, 0], parents=[-1, -1, -1])
+
+    first, _, depths = _run(4000, without_q)
+    assert chi2_pvalue(first, P_ROOT) > CHI2_ALPHA
+    assert np.mean(depths) == pytest.approx(P_ROOT[2] + P_ROOT[3] + P_ROOT[0], abs=0.03)  # p of the set
+
 
 def test_draw_children_is_sampling_without_replacement():
     """The first draw follows q; the second follows q without the first, renormalised."""
