@@ -93,6 +93,9 @@ def serve_variant() -> dict:
         pool.update(model=SMOLLM, replicas=1, dtype="float32", device="cpu", num_slots=2, max_len=512, threads=1)
         pool["placement"] = {"resources": pool["placement"]["resources"]}  # no GPUs here
     cfg["router"]["port"] = int(SERVER.rsplit(":", 1)[1])
+    # The file's draft deadline (0.5 s at most, scaled by the verify time) is sized for GPUs: SmolLM2
+    # drafting on a loaded CPU can miss it every round, and the draft worker would never take part.
+    cfg["router"].update(draft_deadline_s=5.0, draft_deadline_factor=0.0)
     cfg["security"] = {"allow_insecure": True}  # 0.0.0.0 without TLS and tokens: the namespace is its own network
     return cfg
 

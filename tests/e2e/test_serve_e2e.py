@@ -46,6 +46,9 @@ def served(smollm_path, tmp_path_factory):
             "metrics_port": metrics_port,
             "http_port": http_port,
             "k_policy": {"k": 3, "adaptive": False},
+            # a fixed draft deadline: scaled by the measured verify time, a loaded machine's noise
+            # can make every draft late, and the checks that requests speculated would see none
+            "draft_deadline_factor": 0.0,
         },
     }
     address = f"127.0.0.1:{port}"

@@ -215,7 +215,7 @@ def test_sse_framing_byte_for_byte_and_the_request_id(http, caplog):
     text = http.svc.client.generate(PROMPT, max_tokens=N, temperature=0.0, ignore_eos=True, timeout=60).text
     assert "".join(e["choices"][0]["text"] for e in rounds) == text
 
-    t_end = time.monotonic() + 10
+    t_end = time.monotonic() + 60
     while not (
         lines := [
             r.access for r in caplog.records if r.name == ACCESS_LOGGER and r.access["request_id"] == "http-sse-1"
@@ -267,7 +267,7 @@ def test_the_gateways_own_refusals_have_an_access_line(http):
     for rid, (resp, status, code) in sent.items():
         assert resp.status_code == status and resp.json()["error"]["code"] == code
         assert resp.headers["x-request-id"] == rid
-    t_end = time.monotonic() + 10
+    t_end = time.monotonic() + 60
     lines = http.access_lines()
     while not set(sent) <= {x["request_id"] for x in lines}:
         assert time.monotonic() < t_end, lines
@@ -344,7 +344,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slots(http):
     finally:
         resp.close()  # the client goes away mid-stream
     http.svc.wait_slots_free()
-    t_end = time.monotonic() + 10
+    t_end = time.monotonic() + 60
     while http.svc.metric("specdec_requests_total", {"outcome": "cancelled"}) <= before:
         assert time.monotonic() < t_end
         time.sleep(0.05)

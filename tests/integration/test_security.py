@@ -150,7 +150,7 @@ def test_per_client_concurrency_limit(secured, pki):
     with SpecdecClient(secured.router.address, credentials=creds(pki, TOKEN_B)) as b:
         assert b.generate("hi", max_tokens=2, timeout=60).usage["completion_tokens"] <= 2
     streams[0].close()  # cancels it
-    t_end = time.monotonic() + 10
+    t_end = time.monotonic() + 60
     while True:
         try:
             a.generate("hi", max_tokens=2, timeout=30)

@@ -260,7 +260,7 @@ def test_each_request_is_one_trace_over_router_and_workers(tiny_paths, tmp_path,
                 address, url, f"00-{caller[0]}-{caller[1]}-01", f"00-{http_caller[0]}-{http_caller[1]}-01"
             )
         assert not tracing.active and tracing.tracer() is None  # the router's stop ended it
-        spans = rx.wait_for(lambda got: _complete(got, rounds, http_ids={"traced-c"}), timeout=30)
+        spans = rx.wait_for(lambda got: _complete(got, rounds, http_ids={"traced-c"}), timeout=90)
     roots = {rid: _request_span(spans, rid) for rid in rounds}
     assert len({r.trace_id for r in roots.values()}) == 3  # one trace per request
     _check_trace(spans, "traced-a", rounds["traced-a"], caller)
@@ -292,7 +292,7 @@ def test_a_restarted_target_shows_as_a_replay(tiny_paths, tmp_path, monkeypatch)
                     if not chunks:
                         restarts[0]()  # the first tokens are out: the rest needs the new target
                     chunks.append(chunk)
-        spans = rx.wait_for(lambda got: _complete(got, ["traced-r"]), timeout=30)
+        spans = rx.wait_for(lambda got: _complete(got, ["traced-r"]), timeout=90)
     assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 160
     _check_trace(spans, "traced-r", chunks[-1].speculation.rounds, None, tokens=160)
     mine = _trace(spans, "traced-r")

@@ -167,7 +167,8 @@ def test_a_hung_rank_is_found_by_the_timeout(tiny_paths):
     """A follower that stops answering (SIGSTOP) fails the next forward within the group timeout,
     and the group stays down (it restarts as a unit, not piecemeal)."""
     path = str(tiny_paths["llama"])
-    spec = GroupSpec(path, 2, num_slots=2, max_len=64, timeout_s=4.0)
+    # 10 s: long beside a loaded machine's stalls of a running rank, short beside the bound below
+    spec = GroupSpec(path, 2, num_slots=2, max_len=64, timeout_s=10.0)
     loaded = load_model(path)
     group = LocalGroup(spec, threads=1)
     try:
