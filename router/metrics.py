@@ -42,7 +42,8 @@ Series:
   ``{worker,role,device}``); ``specdec_worker_rss_bytes{worker,role}``,
   ``specdec_worker_threads{worker,role}``.
 * Rebalancer: ``specdec_rebalance_actions_total{action}`` (draft_move, draft_failover, depth_deep,
-  depth_normal, depth_shallow, spec_off, spec_on, k_cap: a round whose drafts were capped, route_around),
+  depth_normal, depth_shallow, spec_off, spec_on, k_cap: a round whose drafts were capped,
+  plain_probe: a round decoded plainly to measure it, route_around),
   ``specdec_target_depth_level{worker}``
   (-1 shallow, 0 normal, 1 deep), ``specdec_drafter_step_seconds{worker}`` (measured seconds per
   draft step), ``specdec_draft_sequences_total{worker}`` (sequences drafted by each drafter).
@@ -127,6 +128,7 @@ _REBALANCE_ACTIONS = (
     "spec_off",
     "spec_on",
     "k_cap",
+    "plain_probe",
     "route_around",
 )
 # the outcomes a request of a known model can end with (unauthenticated calls have no model)

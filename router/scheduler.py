@@ -350,7 +350,7 @@ class TargetScheduler(Admission):
             steps = max((d.depth for j, d in zip(batch, drafts) if j.spec == "draft"), default=0)
             if not prefills:  # the worker's own time: with two lanes the wall holds the other lane's call
                 busy = compute if compute is not None else dt
-                self.cost.update(draft_wait, steps, busy, sum(len(d.tokens) + 1 for d in drafts))
+                self.cost.update(draft_wait, steps, busy, sum(len(d.tokens) + 1 for d in drafts), len(batch))
         m = self.metrics
         m.rounds.inc()
         m.batch_size.observe(len(batch))

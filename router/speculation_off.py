@@ -4,7 +4,8 @@ Reads: a round's requests as :class:`SpecJob` (acceptance, draft length, AUTO or
 off now and when, what their drafts cost: router/drafter_choice.py prices them), the target's
 measured verify line (:class:`VerifyCost`), its pooled acceptance, the running batch size and the
 time.
-Decides: which AUTO requests speculate this round. Two rules, one per load signal:
+Decides: which AUTO requests speculate this round. Two rules, one per load signal, and a
+measurement for the second (:func:`plain_probe_due`):
 
 * the batch-size gate (:func:`auto_off`): AUTO requests never speculate while more than
   ``auto_off_batch`` requests run on their target (batched verification turns compute-bound);
@@ -34,6 +35,8 @@ from specdec.rpc.worker_config import strict_from_dict
 
 __all__ = [
     "SpeculationOffConfig",
+    "plain_probe_due",
+    "is_plain_round",
     "auto_off",
     "VerifyCost",
     "SpecJob",
@@ -55,6 +58,9 @@ class SpeculationOffConfig:
       them), each request at most once per cooldown.
     min_evidence: nothing switches by goodput before the target's pooled acceptance rests on this
       many tested draft tokens.
+    plain_probe_rounds: while two or more AUTO requests speculate and no round this many rounds back
+      was (nearly) plain decoding, the next round decodes them plainly: one measurement of plain
+      decoding's width for the verify line (:func:`plain_probe_due`; 0 = never).
     """
 
     auto_off_batch: NonNegativeInt = 0
@@ -62,6 +68,7 @@ class SpeculationOffConfig:
     on_margin: NonNegativeFloat = 0.15
     min_evidence: NonNegativeFloat = 20.0
     cooldown_s: NonNegativeFloat = 2.0
+    plain_probe_rounds: NonNegativeInt = 50
 
     def __post_init__(self) -> None:
         check_fields(self, "router.speculation_off")
@@ -69,6 +76,25 @@ class SpeculationOffConfig:
     @classmethod
     def from_dict(cls, d: dict | SpeculationOffConfig | None) -> SpeculationOffConfig:
         return d if isinstance(d, cls) else strict_from_dict(cls, d, "router.speculation_off")
+
+
+def plain_probe_due(rounds_since_plain: int, speculating_auto: int, cfg: SpeculationOffConfig) -> bool:
+    """Whether this round's AUTO requests decode plainly, once, to measure plain decoding's width.
+
+    The verify line is fitted through the widths rounds had. While a batch speculates they are all
+    several times plain decoding's, and the line's value there is a guess: on the 2-core CPU, rounds
+    of 30-40 tokens at 8 clients gave 486 ms + 0.85 ms/token, so 492 ms for plain decoding's 8
+    tokens, which take about 200 ms; the switch then kept speculation on at 0.78x plain decoding's
+    throughput (docs/results.md, "AUTO against OFF under load"). One plain round every
+    ``plain_probe_rounds`` anchors the line where the switch compares; a single request has no
+    batch to probe (its plain round would cost a whole round's draft)."""
+    return cfg.plain_probe_rounds > 0 and speculating_auto >= 2 and rounds_since_plain >= cfg.plain_probe_rounds
+
+
+def is_plain_round(ks: Sequence[int]) -> bool:
+    """A round the verify line can read as plain decoding's width: at most one draft token for
+    every two requests."""
+    return 2 * sum(ks) <= len(ks)
 
 
 def auto_off(auto: bool, running: int, auto_off_batch: int) -> bool:

@@ -29,6 +29,8 @@ from router.speculation_off import (
     SpecJob,
     VerifyCost,
     auto_off,
+    is_plain_round,
+    plain_probe_due,
     plan_speculation,
     pooled_acceptance,
     round_goodput,
@@ -58,6 +60,8 @@ class TargetBalance:
         self.wait_share = 0.0  # EWMA of the share of round time spent waiting for drafts
         self.pool = (0.0, 0.0)  # (accepted, rejections) of this target's rounds, decayed: ~300 request-rounds
         self.k_cap: int | None = None  # the last round's cap on draft lengths (round_k_cap)
+        # Rounds since one the verify line could read as plain decoding (plain_probe_due): none yet.
+        self.rounds_since_plain = sched.cfg.speculation_off.plain_probe_rounds
 
     def observe_outcome(self, drafted: int, accepted: int) -> None:
         """One request's round: ``accepted`` of ``drafted`` draft tokens (the pooled acceptance)."""
@@ -171,8 +175,9 @@ class TargetBalance:
         return float(st.accepted), float(max(0, min(st.rounds, st.drafted - st.accepted)))
 
     def cost(self) -> VerifyCost | None:
-        """The measured verify line through recent rounds; None until rounds of different sizes."""
-        fit = self.s.cost.line()
+        """The measured verify line through recent rounds (through plain and drafting rounds' means
+        once both were seen: CostMeter.anchored_line); None until rounds of different sizes."""
+        fit = self.s.cost.anchored_line()
         if fit is None or fit[0] <= 0:
             return None
         return VerifyCost(t1=fit[0], slope=max(fit[1], 0.0))
@@ -316,4 +321,18 @@ class TargetBalance:
                 max(j.a for j in jobs),
                 ks,
             )
-        return [0 if off else k for k, off in zip(ks, flags)]
+        return self._plain_probe(batch, jobs, [0 if off else k for k, off in zip(ks, flags)])
+
+    def _plain_probe(self, batch: list[Job], jobs: list[SpecJob], ks: list[int]) -> list[int]:
+        """The round's draft lengths, AUTO ones 0 where a plain round is due (plain_probe_due). Not
+        in a round holding a request's first: that round's verify is not measured (it holds the
+        drafter's prefill), and the request's first Propose is what gives its drafter the prompt."""
+        cfg = self.s.cfg.speculation_off
+        speculating = sum(j.auto and k > 0 for j, k in zip(jobs, ks))
+        measured = all(j.state.generated for j in batch)
+        if measured and plain_probe_due(self.rounds_since_plain, speculating, cfg):
+            ks = [0 if j.auto else k for j, k in zip(jobs, ks)]
+            self.s.metrics.rebalance_actions.labels("plain_probe").inc()
+            log.debug("plain round on %s: the verify line is measured at plain decoding's width", self.s.target.name)
+        self.rounds_since_plain = 0 if is_plain_round(ks) else self.rounds_since_plain + 1
+        return ks

@@ -89,6 +89,21 @@ class LineFit:
 
 
 @dataclass
+class PointMean:
+    """A running mean of (x, y) points (``weight`` per new point); None before the first."""
+
+    weight: float = 0.2
+    point: tuple[float, float] | None = None
+
+    def add(self, x: float, y: float) -> None:
+        if self.point is None:
+            self.point = (x, y)
+        else:
+            px, py = self.point
+            self.point = (px + self.weight * (x - px), py + self.weight * (y - py))
+
+
+@dataclass
 class CostMeter:
     """Measured costs of a round, in units of a target step, for the adaptive choice of k.
 
@@ -105,22 +120,51 @@ class CostMeter:
     weight: float = 0.2  # of each new round, for c
     line_weight: float = 0.05  # for the lines: a longer memory, to span many sizes
     verify: LineFit = field(default=None, repr=False)  # verify seconds by tokens verified
+    # (tokens verified, seconds) of recent rounds that were plain decoding, and of those that were not
+    # (update's `requests`): the rebalancer's line through the two (anchored_line).
+    plain: PointMean = field(default_factory=PointMean, repr=False)
+    drafting: PointMean = field(default_factory=PointMean, repr=False)
 
     def __post_init__(self) -> None:
         self.verify = self.verify or LineFit(self.line_weight)
 
-    def update(self, draft_seconds: float, draft_steps: int, verify_seconds: float, verified_tokens: int = 0) -> float:
+    def update(
+        self,
+        draft_seconds: float,
+        draft_steps: int,
+        verify_seconds: float,
+        verified_tokens: int = 0,
+        requests: int | None = None,
+    ) -> float:
+        """One round's costs; `requests`: the rows it verified for (a round of at most one draft
+        token for every two requests counts as plain decoding)."""
         if draft_steps > 0 and verify_seconds > 0:
             sample = (draft_seconds / draft_steps) / verify_seconds
             self.c += self.weight * (sample - self.c)
         if verified_tokens > 0 and verify_seconds > 0:
             self.verify.add(float(verified_tokens), verify_seconds)
+            if requests:
+                plain = 2 * (verified_tokens - requests) <= requests
+                (self.plain if plain else self.drafting).add(float(verified_tokens), verify_seconds)
         return self.c
 
     def line(self) -> tuple[float, float] | None:
         """(one-token verify seconds, seconds per extra verified token) through recent rounds; None
         until rounds of different sizes have been seen (the rebalancer's goodput model uses it)."""
         return self.verify.line(at=1.0)
+
+    def anchored_line(self) -> tuple[float, float] | None:
+        """As `line`, but through the mean of recent plain rounds and the mean of recent drafting
+        rounds where both were seen at widths 2 or more tokens apart: speculating rounds alone span
+        too few widths to place plain decoding's (router/speculation_off.py, `plain_probe_due`),
+        and one plain round among many would barely move a least-squares line."""
+        if self.plain.point is None or self.drafting.point is None:
+            return self.line()
+        (x0, y0), (x1, y1) = self.plain.point, self.drafting.point
+        if x1 - x0 < 2:
+            return self.line()
+        slope = (y1 - y0) / (x1 - x0)
+        return y0 - slope * (x0 - 1.0), slope
 
     @property
     def r(self) -> float:

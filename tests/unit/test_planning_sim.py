@@ -177,7 +177,12 @@ def test_goodput_gate_turns_speculation_off_above_the_batch():
     free = simulate(deployment(k_policy=KPolicy(k=4)), requests(6, 1.0))
     assert gated.summary["drafted"] < free.summary["drafted"]
     explicit = simulate(deployment(k_policy=KPolicy(k=4), auto_off_batch=2, mode="draft"), requests(6, 1.0))
-    assert explicit.summary["drafted"] == free.summary["drafted"]  # only AUTO requests are gated
+    # Only AUTO requests are gated (an AUTO batch also decodes one round plainly, to measure it:
+    # router/speculation_off.py, plain_probe_due; without that, it drafts as the explicit mode).
+    unprobed = deployment(k_policy=KPolicy(k=4), speculation_off={"plain_probe_rounds": 0})
+    assert explicit.summary["drafted"] == simulate(unprobed, requests(6, 1.0)).summary["drafted"]
+    assert free.summary["drafted"] < explicit.summary["drafted"]
+    assert free.rebalance_actions.get("plain_probe", 0) >= 1
 
 
 def test_late_drafts_fail_open_and_requests_still_complete():

@@ -18,11 +18,14 @@ from router.speculation_off import (
     SpeculationOffConfig,
     VerifyCost,
     auto_off,
+    is_plain_round,
+    plain_probe_due,
     plan_speculation,
     pooled_acceptance,
     round_goodput,
 )
 from router.views import DrafterView
+from specdec.core.request_state import CostMeter, LineFit
 from specdec.core.speedup import expected_tokens
 
 CFG = SpeculationOffConfig()
@@ -237,3 +240,48 @@ def test_no_spec_flapping_on_a_noisy_cost_trace():
         switches += sum(o != j.off for o, j in zip(off, jobs))
         jobs = [dataclasses.replace(j, off=o, changed_at=tick * 0.1) if o != j.off else j for j, o in zip(jobs, off)]
     assert switches <= len(jobs)  # each request switched at most once
+
+
+# ---- plain rounds that measure plain decoding ------------------------------------------------------
+
+
+def test_a_plain_round_is_due_only_for_a_batch_that_speculates_long_enough():
+    n = CFG.plain_probe_rounds
+    assert plain_probe_due(n, 2, CFG) and plain_probe_due(n + 5, 8, CFG)
+    assert not plain_probe_due(n - 1, 8, CFG)  # one was measured lately
+    assert not plain_probe_due(n, 1, CFG)  # one request alone: its plain round costs its whole draft
+    assert not plain_probe_due(n, 8, dataclasses.replace(CFG, plain_probe_rounds=0))  # 0: never
+    assert is_plain_round([0] * 8) and is_plain_round([1, 0, 0, 0]) and not is_plain_round([4] * 8)
+
+
+def _meter(points, batch=8):
+    meter = CostMeter()
+    for w, t in points:
+        meter.update(0.0, 0, t, w, batch)
+    t1, slope = meter.anchored_line()
+    return VerifyCost(t1=t1, slope=slope)
+
+
+def test_one_plain_round_lets_the_switch_see_that_plain_decoding_is_faster():
+    """A compute-bound verify (the 2-core CPU: each token about 12 ms), 8 requests speculating at
+    k 4 with acceptance 0.8. As measured in the service, rounds of 30-40 tokens vary more with what
+    else runs on the cores (the drafter) than with their width, so a line through them alone is
+    nearly flat and puts plain decoding's 8 tokens at a speculating round's cost. One plain round
+    among them puts it where it is, and the switch turns speculation off, as the true costs say."""
+    rng = random.Random(3)
+    truth = VerifyCost(t1=0.032, slope=0.012)
+    jobs = [SpecJob(a=0.8, k=4, draft_fixed_s=0.1) for _ in range(8)]
+    assert round_goodput(jobs, [True] * 8, truth) > 1.2 * round_goodput(jobs, [False] * 8, truth)
+    rounds = [(rng.randint(30, 40), truth.time(36) * rng.uniform(0.8, 1.2)) for _ in range(60)]
+    blind = _meter(rounds)
+    assert blind.time(8) > 2 * truth.time(8)  # the extrapolation is far off
+    assert plan_speculation(jobs, blind, 10.0, CFG) == [False] * 8  # and keeps speculation on
+    probed = _meter(rounds[:30] + [(8, truth.time(8))] + rounds[30:])
+    assert abs(probed.time(8) / truth.time(8) - 1) < 0.1
+    assert plan_speculation(jobs, probed, 10.0, CFG) == [True] * 8
+    # A least-squares line through the same rounds is still pulled flat by the many wide ones.
+    least_squares = LineFit(0.05)
+    for w, t in rounds[:30] + [(8, truth.time(8))] + rounds[30:]:
+        least_squares.add(float(w), t)
+    t1, slope = least_squares.line(at=1.0)
+    assert VerifyCost(t1, slope).time(8) > 1.5 * truth.time(8)
