@@ -55,6 +55,18 @@ def chi2_pvalue(samples, probs) -> float:
     return float(stats.chisquare(obs[support], exp).pvalue)
 
 
+@pytest.fixture(scope="module")
+def tiny(tiny_paths):
+    """The tiny Llama target, its draft and its tokenizer, loaded (float32)."""
+    from transformers import AutoTokenizer
+
+    return {
+        "target": load_hf(tiny_paths["llama"]),
+        "draft": load_hf(tiny_paths["llama-draft"]),
+        "tokenizer": AutoTokenizer.from_pretrained(tiny_paths["llama"]),
+    }
+
+
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory):
     """{'llama': path, 'qwen2': path, 'llama-draft': path} of tiny random models."""

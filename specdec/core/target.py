@@ -142,23 +142,11 @@ class TargetVerifier:
     def _verdict(self, item: VerifyItem, logits: torch.Tensor) -> tuple[VerifyResult, list[int]]:
         """The verdict on an item's draft from the logits after its last committed token, and the
         accepted draft nodes (of a chain, its first ones)."""
+        args = (logits, item.draft, item.params, item.mode)
+        at = {"start_pos": len(item.tokens), "generator": self.generators[item.request_id]}
         if item.draft.parents is not None:
-            return verify_tree(
-                logits,
-                item.draft,
-                item.params,
-                item.mode,
-                start_pos=len(item.tokens),
-                generator=self.generators[item.request_id],
-            )
-        result = verify(
-            logits,
-            item.draft,
-            item.params,
-            item.mode,
-            start_pos=len(item.tokens),
-            generator=self.generators[item.request_id],
-        )
+            return verify_tree(*args, **at)
+        result = verify(*args, **at)
         return result, list(range(result.num_accepted))
 
     def _invariant(self, params: Iterable[SamplingParams]) -> bool:

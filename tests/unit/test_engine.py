@@ -67,15 +67,6 @@ def _hf_greedy(model, prompt: list[int], max_new: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_paths):
-    return {
-        "target": load_hf(tiny_paths["llama"]),
-        "draft": load_hf(tiny_paths["llama-draft"]),
-        "tokenizer": AutoTokenizer.from_pretrained(tiny_paths["llama"]),
-    }
-
-
 def _prompts(vocab_hi: int, lengths=(3, 11, 1, 24, 7), seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab_hi, (n,), generator=gen).tolist() for n in lengths]

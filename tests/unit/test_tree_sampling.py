@@ -15,7 +15,7 @@ from specdec.core.round_types import Draft
 from specdec.core.sampling import make_generator, process_logits
 from specdec.core.tree_sampling import draw_children
 from specdec.core.verify import verify_tree
-from tests.conftest import chi2_pvalue, load_hf
+from tests.conftest import chi2_pvalue
 
 CHI2_ALPHA = 1e-3
 V = 6
@@ -164,14 +164,3 @@ def test_the_engine_samples_trees_with_the_targets_distribution(tiny, monkeypatc
     assert all(p in cells for p in pairs)
     assert math.isclose(sum(expected), 1.0, rel_tol=1e-4)
     assert chi2_pvalue([cells[p] for p in pairs], expected) > CHI2_ALPHA
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_paths):
-    from transformers import AutoTokenizer
-
-    return {
-        "target": load_hf(tiny_paths["llama"]),
-        "draft": load_hf(tiny_paths["llama-draft"]),
-        "tokenizer": AutoTokenizer.from_pretrained(tiny_paths["llama"]),
-    }
