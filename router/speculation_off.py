@@ -84,8 +84,8 @@ def plain_probe_due(rounds_since_plain: int, speculating_auto: int, cfg: Specula
     The verify line is fitted through the widths rounds had. While a batch speculates they are all
     several times plain decoding's, and the line's value there is a guess: on the 2-core CPU, rounds
     of 30-40 tokens at 8 clients gave 486 ms + 0.85 ms/token, so 492 ms for plain decoding's 8
-    tokens, which take about 200 ms; the switch then kept speculation on at 0.78x plain decoding's
-    throughput (docs/results.md, "AUTO against OFF under load"). One plain round every
+    tokens, which take about 200 ms, and the switch compared speculation with that guess
+    (docs/results.md, "AUTO against OFF under load"). One plain round every
     ``plain_probe_rounds`` anchors the line where the switch compares; a single request has no
     batch to probe (its plain round would cost a whole round's draft)."""
     return cfg.plain_probe_rounds > 0 and speculating_auto >= 2 and rounds_since_plain >= cfg.plain_probe_rounds
