@@ -36,7 +36,6 @@ from specdec.rpc.worker_config import strict_from_dict
 __all__ = [
     "SpeculationOffConfig",
     "plain_probe_due",
-    "is_plain_round",
     "auto_off",
     "VerifyCost",
     "SpecJob",
@@ -89,12 +88,6 @@ def plain_probe_due(rounds_since_plain: int, speculating_auto: int, cfg: Specula
     ``plain_probe_rounds`` anchors the line where the switch compares; a single request has no
     batch to probe (its plain round would cost a whole round's draft)."""
     return cfg.plain_probe_rounds > 0 and speculating_auto >= 2 and rounds_since_plain >= cfg.plain_probe_rounds
-
-
-def is_plain_round(ks: Sequence[int]) -> bool:
-    """A round the verify line can read as plain decoding's width: at most one draft token for
-    every two requests."""
-    return 2 * sum(ks) <= len(ks)
 
 
 def auto_off(auto: bool, running: int, auto_off_batch: int) -> bool:

@@ -29,7 +29,6 @@ from router.speculation_off import (
     SpecJob,
     VerifyCost,
     auto_off,
-    is_plain_round,
     plain_probe_due,
     plan_speculation,
     pooled_acceptance,
@@ -37,6 +36,7 @@ from router.speculation_off import (
 )
 from router.views import DrafterView, TargetView
 from specdec.core.prefill_plan import round_budget
+from specdec.core.request_state import is_plain_round
 
 if TYPE_CHECKING:  # the scheduler constructs its balance: a runtime import would be a cycle
     from router.scheduler import TargetScheduler
@@ -334,5 +334,6 @@ class TargetBalance:
             ks = [0 if j.auto else k for j, k in zip(jobs, ks)]
             self.s.metrics.rebalance_actions.labels("plain_probe").inc()
             log.debug("plain round on %s: the verify line is measured at plain decoding's width", self.s.target.name)
-        self.rounds_since_plain = 0 if is_plain_round(ks) else self.rounds_since_plain + 1
+        plain = is_plain_round(sum(k + 1 for k in ks), len(ks))
+        self.rounds_since_plain = 0 if plain else self.rounds_since_plain + 1
         return ks

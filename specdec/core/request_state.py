@@ -88,6 +88,12 @@ class LineFit:
         return y - slope * (x - at), slope
 
 
+def is_plain_round(verified_tokens: int, requests: int) -> bool:
+    """A round the verify cost can be read from as plain decoding's: at most one draft token for
+    every two requests."""
+    return 2 * (verified_tokens - requests) <= requests
+
+
 @dataclass
 class PointMean:
     """A running mean of (x, y) points (``weight`` per new point); None before the first."""
@@ -136,15 +142,15 @@ class CostMeter:
         verified_tokens: int = 0,
         requests: int | None = None,
     ) -> float:
-        """One round's costs; `requests`: the rows it verified for (a round of at most one draft
-        token for every two requests counts as plain decoding)."""
+        """One round's costs; `requests`: the rows it verified for (`is_plain_round` tells plain
+        decoding's rounds from drafting ones)."""
         if draft_steps > 0 and verify_seconds > 0:
             sample = (draft_seconds / draft_steps) / verify_seconds
             self.c += self.weight * (sample - self.c)
         if verified_tokens > 0 and verify_seconds > 0:
             self.verify.add(float(verified_tokens), verify_seconds)
             if requests:
-                plain = 2 * (verified_tokens - requests) <= requests
+                plain = is_plain_round(verified_tokens, requests)
                 (self.plain if plain else self.drafting).add(float(verified_tokens), verify_seconds)
         return self.c
 

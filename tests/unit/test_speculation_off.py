@@ -18,14 +18,13 @@ from router.speculation_off import (
     SpeculationOffConfig,
     VerifyCost,
     auto_off,
-    is_plain_round,
     plain_probe_due,
     plan_speculation,
     pooled_acceptance,
     round_goodput,
 )
 from router.views import DrafterView
-from specdec.core.request_state import CostMeter, LineFit
+from specdec.core.request_state import CostMeter, LineFit, is_plain_round
 from specdec.core.speedup import expected_tokens
 
 CFG = SpeculationOffConfig()
@@ -251,7 +250,7 @@ def test_a_plain_round_is_due_only_for_a_batch_that_speculates_long_enough():
     assert not plain_probe_due(n - 1, 8, CFG)  # one was measured lately
     assert not plain_probe_due(n, 1, CFG)  # one request alone: its plain round costs its whole draft
     assert not plain_probe_due(n, 8, dataclasses.replace(CFG, plain_probe_rounds=0))  # 0: never
-    assert is_plain_round([0] * 8) and is_plain_round([1, 0, 0, 0]) and not is_plain_round([4] * 8)
+    assert is_plain_round(8, 8) and is_plain_round(5, 4) and not is_plain_round(40, 8)
 
 
 def _meter(points, batch=8):
