@@ -28,9 +28,10 @@ import math
 import random
 from dataclasses import dataclass
 
+from cluster.planning.workload import AcceptanceModel
 from specdec.core.draft_options import draft_options_from_dict
 from specdec.core.round_types import Draft
-from specdec.core.token_tree import depths
+from specdec.core.token_tree import depths, draft_order
 
 __all__ = ["SimTrees", "TreeTally", "rank_chance", "draft_tree", "accept_path", "expected_accepted", "chain_expected"]
 
@@ -79,8 +80,7 @@ class _Node:
 
 
 def _order(node: _Node) -> tuple:
-    """The draft worker's order of nodes (tree_drafting._rank): own chain, likeliest, shallowest."""
-    return (not node.own, -node.logp, node.depth)
+    return draft_order(node.own, node.logp, node.depth)
 
 
 def draft_tree(shape: SimTrees, accept_p: list[float], depth: int) -> Draft:
@@ -88,7 +88,7 @@ def draft_tree(shape: SimTrees, accept_p: list[float], depth: int) -> Draft:
     (past its end the last holds)."""
 
     def children(parent: int, at: int, logp: float, own: bool) -> list[_Node]:
-        a = accept_p[min(at - 1, len(accept_p) - 1)]
+        a = AcceptanceModel.at(accept_p, at - 1)
         return [
             _Node(r, parent, at, logp + math.log(max(rank_chance(a, r, shape.runner_up), _FLOOR)), own and r == 0)
             for r in range(shape.width)
@@ -126,7 +126,7 @@ def accept_path(
     kids = _children(draft)
     node, path = -1, []
     while True:
-        a = accept_p[min(len(path), len(accept_p) - 1)]
+        a = AcceptanceModel.at(accept_p, len(path))
         want = 0 if rng.random() < a else _runner_up_rank(shape, rng)
         nxt = kids.get(node, {}).get(want)
         if nxt is None or len(path) >= drafted:
@@ -154,8 +154,8 @@ def expected_accepted(
     p: list[float] = []
     for i, (rank, parent) in enumerate(zip(draft.tokens, parents)):
         j = depth[i] - 1
-        step = rank_chance(accept_p[min(j, len(accept_p) - 1)], rank, runner_up)
-        step *= draft_p[min(j, len(draft_p) - 1)]
+        step = rank_chance(AcceptanceModel.at(accept_p, j), rank, runner_up)
+        step *= AcceptanceModel.at(draft_p, j)
         p.append(step * (1.0 if parent < 0 else p[parent]))
     mean = sum(p)
     square = sum(q * (2 * d - 1) for q, d in zip(p, depth))
@@ -166,7 +166,7 @@ def chain_expected(accept_p: list[float], draft_p: list[float], depth: int) -> f
     """The tokens a chain of ``depth`` first choices accepts on average under the model."""
     reach, total = 1.0, 0.0
     for j in range(depth):
-        reach *= accept_p[min(j, len(accept_p) - 1)] * draft_p[min(j, len(draft_p) - 1)]
+        reach *= AcceptanceModel.at(accept_p, j) * AcceptanceModel.at(draft_p, j)
         total += reach
     return total
 

@@ -18,6 +18,7 @@ __all__ = [
     "merge_branches",
     "leaf_paths",
     "walk",
+    "draft_order",
 ]
 
 
@@ -102,3 +103,11 @@ def walk(tokens: Sequence[int], parents: Sequence[int], target_token) -> tuple[l
             return path, want
         path.append(nxt)
         node = nxt
+
+
+def draft_order(own: bool, logp: float, depth: int) -> tuple:
+    """The order a drafter keeps and grows a tree's nodes in: its own chain first (a tree then never
+    accepts less than the chain would), then the likeliest (a node's parent is at least as likely:
+    what is kept is a tree), then the shallowest (specdec/core/tree_drafting.py; the simulator's
+    draft worker grows its trees by it too)."""
+    return (not own, -logp, depth)

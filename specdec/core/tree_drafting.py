@@ -29,6 +29,7 @@ from specdec.core.params import SamplingParams, VerifyMode
 from specdec.core.round_types import Draft, SparseDist
 from specdec.core.runner import ModelRunner
 from specdec.core.sampling import gumbel_noise, process_logits, sparse_topk
+from specdec.core.token_tree import draft_order
 from specdec.core.tree_forward import keep_path, tree_forward
 from specdec.core.tree_sampling import draw_children
 
@@ -169,9 +170,7 @@ def grow_trees(runner: ModelRunner, rows: Sequence[TreeRow], root_logits: Sequen
 
 
 def _rank(node: _Node) -> tuple:
-    """The draft's own chain first (a tree then never accepts less than the chain would), then the
-    likeliest (a node's parent is at least as likely: what is kept is a tree)."""
-    return (not node.own, -node.logp, node.depth)
+    return draft_order(node.own, node.logp, node.depth)
 
 
 def _cut(nodes: list[_Node], size: int) -> Draft:
