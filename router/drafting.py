@@ -149,15 +149,20 @@ class DraftSource:
         drafts = [Draft(tokens=[]) for _ in batch]
         remote: dict[str, list[int]] = {}  # drafter -> indices needing a Propose there
         pending: list[tuple[int, PreDraft]] = []  # indices with a pre-draft that may still be right
+        shadow = self.cfg.speculation_off.ngram_fallback and self.cfg.rebalance.enabled
         for i, (job, k) in enumerate(zip(batch, ks)):
             pd, job.predraft = job.predraft, None
+            if shadow and job.auto and job.spec == "draft":  # scored after the verify (router/ngram_fallback.py)
+                job.ngram_guess = self.ngram.propose_one(job.state.tokens, self.cfg.k_policy.k_max).tokens
             if k <= 0:
                 continue
-            if job.spec == "ngram":
+            if job.source == "ngram":
                 d = self.ngram.propose_one(job.state.tokens, k)
                 if job.mode is not VerifyMode.REJECTION:
                     d.probs = None
                 drafts[i] = d
+                if d.tokens:
+                    self.metrics.draft_sequences.labels("ngram").inc()  # beside the draft workers
             elif job.spec == "draft":
                 name = self._assign(job, pd) if self.pool is not None else None
                 if name is None:
@@ -266,7 +271,7 @@ class DraftSource:
         groups: dict[str, tuple[list[int], list[worker_pb2.Sequence], list[bool]]] = {}
         rooms: dict[str, int | None] = {}  # draft steps a pre-draft may take on each drafter
         for i, (job, k, d) in enumerate(zip(batch, ks, drafts)):
-            if job.spec != "draft" or k <= 0 or d.parents is not None or len(d.tokens) != k or job.drafter is None:
+            if job.source != "draft" or k <= 0 or d.parents is not None or len(d.tokens) != k or job.drafter is None:
                 continue  # the all-accepted guess of a chain (a tree has no one such guess)
             client = self.pool.client(job.drafter)
             if client is None or not client.up or self.pool.is_late(job.drafter):
@@ -302,8 +307,9 @@ class DraftSource:
         """Send the drafters the same prompt chunks as the target, without waiting: they cache them
         while the target does, and a job's first Propose queues behind them on its drafter. A
         prompt's last chunk goes with that first Propose instead (a short prompt sends no Prefill).
-        A request that starts with speculation switched off sends nothing (TargetBalance.start)."""
-        jobs = [j for j in jobs if j.spec == "draft" and not j.spec_off and ends[j.key] < j.state.prefill_total]
+        A request that starts with speculation switched off, or drafting by n-gram, sends nothing
+        (TargetBalance.start)."""
+        jobs = [j for j in jobs if j.source == "draft" and not j.spec_off and ends[j.key] < j.state.prefill_total]
         if not jobs or self.pool is None:
             return
         groups: dict[str, list[Job]] = {}

@@ -82,6 +82,13 @@ class Job:
     spec_off: bool = False
     spec_changed_at: float = -math.inf
     spec_planned: bool = False
+    # While its draft model is switched off: whether the router's n-gram drafts for it instead
+    # (router/ngram_fallback.py), when that last changed, how its n-gram guesses fared (decayed
+    # (accepted, rejections)), and this round's guess, scored once the target has verified.
+    ngram_on: bool = False
+    ngram_changed_at: float = -math.inf
+    ngram_evidence: tuple[float, float] = (0.0, 0.0)
+    ngram_guess: list[int] | None = None
     span: Any = None  # the request's span while tracing is on (router/traces.py): its rounds' parent
     # The target process (TargetLink.process) holding its KV cache; None while nothing is cached.
     cached_on: int | None = None
@@ -93,6 +100,12 @@ class Job:
     @property
     def mode(self) -> VerifyMode:
         return self.state.mode
+
+    @property
+    def source(self) -> str:
+        """Where this round's draft comes from: off, draft (a draft worker) or ngram (the router's
+        own drafter, as the request's mode or in place of its switched-off draft model)."""
+        return "ngram" if self.ngram_on else self.spec
 
     def fed_to(self, drafter: str) -> int:
         """Tokens of it ``drafter`` was sent (and holds, while it keeps the slot)."""

@@ -43,10 +43,12 @@ Series:
   ``specdec_worker_threads{worker,role}``.
 * Rebalancer: ``specdec_rebalance_actions_total{action}`` (draft_move, draft_failover, depth_deep,
   depth_normal, depth_shallow, spec_off, spec_on, k_cap: a round whose drafts were capped,
-  plain_probe: a round decoded plainly to measure it, route_around),
+  plain_probe: a round decoded plainly to measure it, ngram_on / ngram_off: a request whose draft
+  model is off starts or stops drafting by the router's n-gram, route_around),
   ``specdec_target_depth_level{worker}``
   (-1 shallow, 0 normal, 1 deep), ``specdec_drafter_step_seconds{worker}`` (measured seconds per
-  draft step), ``specdec_draft_sequences_total{worker}`` (sequences drafted by each drafter).
+  draft step), ``specdec_draft_sequences_total{worker}`` (sequences drafted by each
+  drafter: a draft worker, or ``ngram``, the router's own n-gram drafter).
 * ``specdec_propose_compute_seconds`` (histogram: the draft worker's own compute per Propose of a
   round's drafts, as it reports it; pre-drafts and Proposes that prefill left out),
   ``specdec_propose_rpc_seconds`` (the same calls' wall time less that compute: gRPC,
@@ -129,6 +131,8 @@ _REBALANCE_ACTIONS = (
     "spec_on",
     "k_cap",
     "plain_probe",
+    "ngram_on",
+    "ngram_off",
     "route_around",
 )
 # the outcomes a request of a known model can end with (unauthenticated calls have no model)
@@ -309,7 +313,10 @@ class Metrics:
             registry=r,
         )
         self.draft_sequences = Counter(
-            "specdec_draft_sequences", "Sequences drafted, by draft worker", ["worker"], registry=r
+            "specdec_draft_sequences",
+            "Sequences drafted, by draft worker (ngram: the router's own)",
+            ["worker"],
+            registry=r,
         )
         self.propose_compute = Histogram(
             "specdec_propose_compute_seconds",

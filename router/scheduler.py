@@ -347,7 +347,7 @@ class TargetScheduler(Admission):
         if not any(isinstance(o, BaseException) for o in outcomes):
             dt = t2 - t1
             self.drafting.observe_verify(dt, drafts, [getattr(o, "num_accepted", 0) for o in outcomes])
-            steps = max((d.depth for j, d in zip(batch, drafts) if j.spec == "draft"), default=0)
+            steps = max((d.depth for j, d in zip(batch, drafts) if j.source == "draft"), default=0)
             if not prefills:  # the worker's own time: with two lanes the wall holds the other lane's call
                 busy = compute if compute is not None else dt
                 self.cost.update(draft_wait, steps, busy, sum(len(d.tokens) + 1 for d in drafts), len(batch))
@@ -389,9 +389,14 @@ class TargetScheduler(Admission):
             log.error("bad outcome for %s: draft %s, tokens %s, accepted %d", job.key, draft.tokens, tokens, n_acc)
             return
         st = job.state
-        committed = st.commit(tokens, n_acc, k, self.max_context)
+        # An n-gram draft in place of the draft model teaches the draft model's k and acceptance
+        # nothing (router/ngram_fallback.py): its outcome counts as n-gram evidence only.
+        model_draft = not job.ngram_on
+        committed = st.commit(tokens, n_acc, k, self.max_context, adapt=model_draft)
         self.metrics.record_draft(k, min(n_acc, len(committed)), None if draft.parents is None else draft.k)
-        self.balance.observe_outcome(k, n_acc)
+        if model_draft:
+            self.balance.observe_outcome(k, n_acc)
+        self.balance.observe_guess(job, tokens)
         now = clock.now()
         if committed:
             if job.t_first is None:

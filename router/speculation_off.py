@@ -60,6 +60,9 @@ class SpeculationOffConfig:
     plain_probe_rounds: while two or more AUTO requests speculate and no round this many rounds back
       was (nearly) plain decoding, the next round decodes them plainly: one measurement of plain
       decoding's width for the verify line (:func:`plain_probe_due`; 0 = never).
+    ngram_fallback: AUTO requests whose draft model is switched off draft with the router's n-gram
+      drafter where that raises the round's goodput (router/ngram_fallback.py); false: they decode
+      plainly.
     """
 
     auto_off_batch: NonNegativeInt = 0
@@ -68,6 +71,7 @@ class SpeculationOffConfig:
     min_evidence: NonNegativeFloat = 20.0
     cooldown_s: NonNegativeFloat = 2.0
     plain_probe_rounds: NonNegativeInt = 50
+    ngram_fallback: bool = True
 
     def __post_init__(self) -> None:
         check_fields(self, "router.speculation_off")

@@ -25,6 +25,7 @@ from router.draft_depth import (
 )
 from router.drafter_choice import is_guess, priced_drafter
 from router.jobs import Job
+from router.ngram_fallback import plan_fallback, remember, score_guess
 from router.speculation_off import (
     SpecJob,
     VerifyCost,
@@ -107,14 +108,15 @@ class TargetBalance:
         level = self.depth.level if self.cfg.enabled else "normal"
         return depth_plan(level, kp.k_min, kp.k_max, self.s.cfg.draft_depth)
 
-    def want_k(self, job: Job, running: int, max_context: int) -> int:
+    def want_k(self, job: Job, running: int, max_context: int, spec: str | None = None) -> int:
         """A request's draft length for its next round: none while the batch-size gate holds an
         AUTO request off (:func:`router.speculation_off.auto_off`), else the router's k policy
         (:func:`router.draft_depth.want_k`) bounded by this target's depth plan. The scheduler and
-        the simulator both ask here."""
+        the simulator both ask here. ``spec``: for drafts from another source than the request's
+        mode (the n-gram's in place of a switched-off draft model)."""
         if auto_off(job.auto, running, self.s.cfg.speculation_off.auto_off_batch):
             return 0
-        return draft_depth.want_k(job.spec, job.state, max_context, self.s.cost, self.depth_plan)
+        return draft_depth.want_k(spec or job.spec, job.state, max_context, self.s.cost, self.depth_plan)
 
     @property
     def predraft(self) -> bool:
@@ -227,8 +229,9 @@ class TargetBalance:
         """Whether new AUTO requests start speculating, planned with the running batch as it is
         (``ks``: each one's draft length). One that starts switched off sends its drafter nothing
         (no draft prefill): at a load where plain decoding is faster, drafting for it would only
-        take the devices' time (on a shared host, the target's). If it is switched on later, its
-        first Propose catches the drafter up."""
+        take the devices' time (on a shared host, the target's); nor does one that starts drafting
+        by n-gram (router/ngram_fallback.py). If its draft model is switched on later, its first
+        Propose catches the drafter up."""
         new = {i for i, j in enumerate(running) if not j.spec_planned}
         for i in new:
             running[i].spec_planned = True
@@ -240,6 +243,7 @@ class TargetBalance:
         jobs = capped(jobs, round_k_cap(jobs, cost, self.s.cfg.speculation_off.off_margin))
         flags = plan_speculation(jobs, cost, now, self.s.cfg.speculation_off)
         self._log_view("start", jobs, flags, cost)
+        self._fallback(running, jobs, flags, cost, now, ks)  # those starting on n-gram: no draft prefill either
         starting_off = [running[i] for i in sorted(new) if flags[i]]
         for j in starting_off:
             j.spec_off, j.spec_changed_at = True, now
@@ -321,7 +325,38 @@ class TargetBalance:
                 max(j.a for j in jobs),
                 ks,
             )
-        return self._plain_probe(batch, jobs, [0 if off else k for k, off in zip(ks, flags)])
+        ks = self._fallback(batch, jobs, flags, cost, now, [0 if off else k for k, off in zip(ks, flags)])
+        return self._plain_probe(batch, jobs, ks)
+
+    # ---- n-gram drafts for AUTO requests ---------------------------------------------------------
+    def _fallback(
+        self, batch: list[Job], jobs: list[SpecJob], flags: list[bool], cost: VerifyCost | None, now: float,
+        ks: list[int],
+    ) -> list[int]:  # fmt: skip
+        """``ks`` with the AUTO requests that draft by the router's n-gram this round, in place of
+        their draft model or of decoding plainly, where that pays (router/ngram_fallback.py,
+        plan_fallback), each at its own k."""
+        if not self.s.cfg.speculation_off.ngram_fallback:
+            return ks
+        ngram_k = [
+            self.want_k(j, len(self.s.running), self.s.max_context, "ngram") if j.spec == "draft" else 0 for j in batch
+        ]
+        on = plan_fallback(
+            jobs, flags, [j.ngram_evidence for j in batch],
+            ngram_k, [j.ngram_on for j in batch], [j.ngram_changed_at for j in batch], cost, now,
+            self.s.cfg.speculation_off,
+        )  # fmt: skip
+        for j, o in zip(batch, on):
+            if o != j.ngram_on:
+                j.ngram_on, j.ngram_changed_at = o, now
+                self.s.metrics.rebalance_actions.labels("ngram_on" if o else "ngram_off").inc()
+        return [nk if o else k for k, nk, o in zip(ks, ngram_k, on)]
+
+    def observe_guess(self, job: Job, verified: list[int]) -> None:
+        """Score this round's n-gram guess for ``job`` against the tokens the target verified."""
+        if job.ngram_guess is not None:
+            job.ngram_evidence = remember(job.ngram_evidence, *score_guess(job.ngram_guess, verified))
+            job.ngram_guess = None
 
     def _plain_probe(self, batch: list[Job], jobs: list[SpecJob], ks: list[int]) -> list[int]:
         """The round's draft lengths, AUTO ones 0 where a plain round is due (plain_probe_due). Not

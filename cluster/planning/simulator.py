@@ -18,6 +18,7 @@ clients), and token ids (placeholders; see :mod:`cluster.planning.sim_workers`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -112,7 +113,10 @@ class _Run:
 
     def __init__(self, dep: Deployment, requests: list[SimRequestSpec], seed: int, closed: int):
         self.dep, self.requests, self.closed = dep, requests, closed
-        self.cfg = cfg = dep.router
+        # A simulated request's tokens are placeholders, so no n-gram guess can be scored: requests
+        # whose draft model is switched off decode plainly here (router/ngram_fallback.py).
+        off = dataclasses.replace(dep.router.speculation_off, ngram_fallback=False)
+        self.cfg = cfg = dataclasses.replace(dep.router, speculation_off=off)
         self.loop = asyncio.get_running_loop()
         self.metrics = Metrics()
         self.outcomes = Outcomes(random.Random(seed), dep.trees)

@@ -237,11 +237,14 @@ class RequestState:
         remaining = self.params.max_tokens - len(self.generated) - 1  # the target adds one token itself
         return max(0, min(k, remaining, max_context - len(self.tokens)))
 
-    def commit(self, verified: list[int], num_accepted: int, drafted: int, max_context: int) -> list[int]:
-        """Apply the stop rules to a round's verified tokens; return the tokens committed."""
+    def commit(
+        self, verified: list[int], num_accepted: int, drafted: int, max_context: int, adapt: bool = True
+    ) -> list[int]:
+        """Apply the stop rules to a round's verified tokens; return the tokens committed. ``adapt``
+        false: the draft came from another drafter than the one the adaptive k measures."""
         committed, finish = self.stops.accept(verified)
         self.stats.record(drafted, min(num_accepted, len(committed)))  # nothing past a stop counts
-        if self.adaptive is not None and drafted:
+        if self.adaptive is not None and drafted and adapt:
             self.adaptive.update(drafted, num_accepted)
         self.tokens.extend(committed)
         if finish is None and len(self.tokens) >= max_context:
