@@ -29,11 +29,16 @@ from collections.abc import Sequence
 
 from router.speculation_off import SpecJob, SpeculationOffConfig, VerifyCost, pooled_acceptance, round_goodput
 
-__all__ = ["MEMORY", "score_guess", "remember", "plan_fallback"]
+__all__ = ["MEMORY", "POOL_MEMORY", "score_guess", "remember", "plan_fallback"]
 
 # Each round keeps this share of a request's earlier n-gram evidence: about ten rounds of memory, as
 # a request moves between text the n-gram can copy and text it cannot.
 MEMORY = 0.9
+# A target's pooled n-gram evidence over its requests: about 300 request-rounds, as the draft
+# model's pooled acceptance (router/target_balance.py). A new request is judged by it until its own
+# guesses have been scored: where the target's requests copy, a new one starts on n-gram drafts
+# without first paying its draft model's prompt prefill.
+POOL_MEMORY = 0.997
 
 
 def score_guess(guess: Sequence[int], verified: Sequence[int]) -> tuple[int, int]:
@@ -51,10 +56,13 @@ def score_guess(guess: Sequence[int], verified: Sequence[int]) -> tuple[int, int
     return n, 1 if n == 0 else 0
 
 
-def remember(evidence: tuple[float, float], accepted: int, rejections: int) -> tuple[float, float]:
-    """A request's n-gram evidence after one more scored guess (:data:`MEMORY`)."""
+def remember(
+    evidence: tuple[float, float], accepted: int, rejections: int, memory: float = MEMORY
+) -> tuple[float, float]:
+    """N-gram evidence after one more scored guess, the earlier evidence kept at ``memory`` (a
+    request's: :data:`MEMORY`; a target's pool over its requests: :data:`POOL_MEMORY`)."""
     acc, rej = evidence
-    return MEMORY * acc + accepted, MEMORY * rej + rejections
+    return memory * acc + accepted, memory * rej + rejections
 
 
 def plan_fallback(
@@ -67,18 +75,21 @@ def plan_fallback(
     cost: VerifyCost | None,
     now: float,
     cfg: SpeculationOffConfig,
+    pool: tuple[float, float] | None = None,
 ) -> list[bool]:
     """Which AUTO requests draft by n-gram this round, in place of what the goodput switch left them
     (``off``: decoding plainly, else drafting by their draft model): those whose n-gram drafts
     (acceptance from ``evidence``, ``ngram_k`` tokens, no drafter cost) raise the round's goodput,
     highest n-gram acceptance first. A plan with more n-gram drafts than now needs a gain of
     ``off_margin`` (drafts that cost no drafter time should not wait), one with fewer ``on_margin``;
-    a request switched less than ``cooldown_s`` ago keeps its state. Nothing switches before the
-    batch's n-gram evidence rests on ``min_evidence`` scored tokens."""
+    a request switched less than ``cooldown_s`` ago keeps its state. Each request's acceptance is
+    shrunk toward ``pool``, the target's n-gram evidence over its requests (None: the batch's
+    own), and nothing switches before that rests on ``min_evidence`` scored tokens."""
     current = list(ngram_on)
-    if cost is None or sum(a + r for a, r in evidence) < cfg.min_evidence:
+    pooled = pool if pool is not None else (sum(a for a, _ in evidence), sum(r for _, r in evidence))
+    if cost is None or sum(pooled) < cfg.min_evidence:
         return current
-    acceptance = pooled_acceptance(evidence)
+    acceptance = pooled_acceptance(evidence, pooled)
     as_ngram = [SpecJob(a=a, k=k, left=j.left) for j, a, k in zip(jobs, acceptance, ngram_k)]
     as_left = [dataclasses.replace(j, off=o) for j, o in zip(jobs, off)]
     free = [i for i, j in enumerate(jobs) if j.auto and ngram_k[i] > 0 and now - changed_at[i] >= cfg.cooldown_s]

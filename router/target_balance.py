@@ -25,7 +25,7 @@ from router.draft_depth import (
 )
 from router.drafter_choice import is_guess, priced_drafter
 from router.jobs import Job
-from router.ngram_fallback import plan_fallback, remember, score_guess
+from router.ngram_fallback import POOL_MEMORY, plan_fallback, remember, score_guess
 from router.speculation_off import (
     SpecJob,
     VerifyCost,
@@ -60,6 +60,7 @@ class TargetBalance:
         self.depth = DepthState()
         self.wait_share = 0.0  # EWMA of the share of round time spent waiting for drafts
         self.pool = (0.0, 0.0)  # (accepted, rejections) of this target's rounds, decayed: ~300 request-rounds
+        self.ngram_pool = (0.0, 0.0)  # the same for its AUTO requests' n-gram guesses (ngram_fallback.py)
         self.k_cap: int | None = None  # the last round's cap on draft lengths (round_k_cap)
         # Rounds since one the verify line could read as plain decoding (plain_probe_due): none yet.
         self.rounds_since_plain = sched.cfg.speculation_off.plain_probe_rounds
@@ -344,7 +345,7 @@ class TargetBalance:
         on = plan_fallback(
             jobs, flags, [j.ngram_evidence for j in batch],
             ngram_k, [j.ngram_on for j in batch], [j.ngram_changed_at for j in batch], cost, now,
-            self.s.cfg.speculation_off,
+            self.s.cfg.speculation_off, self.ngram_pool,
         )  # fmt: skip
         for j, o in zip(batch, on):
             if o != j.ngram_on:
@@ -355,7 +356,9 @@ class TargetBalance:
     def observe_guess(self, job: Job, verified: list[int]) -> None:
         """Score this round's n-gram guess for ``job`` against the tokens the target verified."""
         if job.ngram_guess is not None:
-            job.ngram_evidence = remember(job.ngram_evidence, *score_guess(job.ngram_guess, verified))
+            scored = score_guess(job.ngram_guess, verified)
+            job.ngram_evidence = remember(job.ngram_evidence, *scored)
+            self.ngram_pool = remember(self.ngram_pool, *scored, memory=POOL_MEMORY)
             job.ngram_guess = None
 
     def _plain_probe(self, batch: list[Job], jobs: list[SpecJob], ks: list[int]) -> list[int]:

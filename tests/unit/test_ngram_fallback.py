@@ -108,3 +108,21 @@ def test_a_broken_rule_that_ignores_the_draft_cost_is_caught():
     jobs = _round(8, draft_a=0.8, draft_s=0.45)
     free = [dataclasses.replace(j, draft_fixed_s=0.0) for j in jobs]
     assert _plan(free, [ENOUGH] * 8) != _plan(jobs, [ENOUGH] * 8)
+
+
+def test_a_new_request_is_judged_by_the_targets_pool_until_its_own_guesses_count():
+    """A request with nothing scored yet follows the target's n-gram evidence over its requests:
+    it starts on n-gram drafts where the target's requests copy (and never pays its draft model's
+    prompt prefill), not where they do not; its own guesses then outweigh the pool."""
+    jobs = _round(8, draft_a=0.8, draft_s=0.45)
+    n = len(jobs)
+
+    def plan(evidence, pool):
+        return plan_fallback(jobs, [False] * n, evidence, [4] * n, [False] * n, [-1e9] * n, STEEP, 10.0, CFG, pool)
+
+    new = [(0.0, 0.0)] * n
+    assert plan(new, None) == [False] * n  # no evidence at all: nothing moves
+    assert plan(new, (300.0, 60.0)) == [True] * n
+    assert plan(new, (20.0, 300.0)) == [False] * n
+    own_bad = [(0.0, 30.0)] * n  # their own guesses all rejected, against a good pool
+    assert plan(own_bad, (300.0, 60.0)) == [False] * n
