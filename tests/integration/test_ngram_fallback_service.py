@@ -78,7 +78,7 @@ def test_auto_requests_moved_to_ngram_and_back_keep_the_engines_tokens(service, 
     def switch(jobs, cost, now, cfg):
         return [j.off or (j.auto and j.k > 0 and i % 2 == 1) for i, j in enumerate(jobs)]
 
-    def fallback(jobs, off, evidence, ngram_k, ngram_on, changed_at, cost, now, cfg):
+    def fallback(jobs, off, evidence, ngram_k, ngram_on, changed_at, cost, now, cfg, pool=None):
         rounds["n"] += 1
         return [k > 0 and (rounds["n"] // 3) % 2 == 0 for k in ngram_k]
 
