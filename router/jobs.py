@@ -82,9 +82,9 @@ class Job:
     spec_off: bool = False
     spec_changed_at: float = -math.inf
     spec_planned: bool = False
-    # While its draft model is switched off: whether the router's n-gram drafts for it instead
-    # (router/ngram_fallback.py), when that last changed, how its n-gram guesses fared (decayed
-    # (accepted, rejections)), and this round's guess, scored once the target has verified.
+    # AUTO requests: whether the router's n-gram drafts for it, in place of its draft model or of
+    # plain decoding (router/ngram_fallback.py), when that last changed, how its n-gram guesses
+    # fared (decayed (accepted, rejections)), and this round's guess, scored once the target has verified.
     ngram_on: bool = False
     ngram_changed_at: float = -math.inf
     ngram_evidence: tuple[float, float] = (0.0, 0.0)
@@ -104,7 +104,7 @@ class Job:
     @property
     def source(self) -> str:
         """Where this round's draft comes from: off, draft (a draft worker) or ngram (the router's
-        own drafter, as the request's mode or in place of its switched-off draft model)."""
+        own drafter, as the request's mode or chosen for an AUTO request)."""
         return "ngram" if self.ngram_on else self.spec
 
     def fed_to(self, drafter: str) -> int:

@@ -11,13 +11,13 @@ Why: a draft from the router's n-gram costs no drafter time, only its rows in th
 the draft model's drafts cost more than they bring (a batch of requests on a drafter that shares
 the target's cores, as on the 2-core CPU at eight clients) and text repeats (code), n-gram drafts
 still pay: there, requests drafting by n-gram ran at 1.43x plain decoding and those drafting by the
-draft model at 0.80-0.96x (docs/results.md, "AUTO against OFF under load"). Whether they pay is the
-goodput switch's rule, with each request's n-gram acceptance and no draft cost. That acceptance is
-measured on every round of every AUTO request, drafting or not: the n-gram's guess from the
-request's tokens before the round is scored against the tokens the target verified (a shadow guess:
-it costs a lookup, never a verify row). For sampled requests this is still the acceptance: an
-n-gram guess is a point mass, accepted with probability p(guess), the chance that the target's
-token equals it.
+draft model at 0.80-0.96x, and AUTO with this choice at 1.31x (docs/results.md, "AUTO against OFF
+under load"). Whether they pay is the goodput switch's rule, with each request's n-gram acceptance
+and no draft cost. That acceptance is measured on every round of every AUTO request, drafting or
+not: the n-gram's guess from the request's tokens before the round is scored against the tokens the
+target verified (a shadow guess: it costs a lookup, never a verify row). For sampled requests this
+is still the acceptance: an n-gram guess is a point mass, accepted with probability p(guess), the
+chance that the target's token equals it.
 
 Plain functions: no I/O, no asyncio; router/target_balance.py applies them.
 """

@@ -60,9 +60,9 @@ class SpeculationOffConfig:
     plain_probe_rounds: while two or more AUTO requests speculate and no round this many rounds back
       was (nearly) plain decoding, the next round decodes them plainly: one measurement of plain
       decoding's width for the verify line (:func:`plain_probe_due`; 0 = never).
-    ngram_fallback: AUTO requests whose draft model is switched off draft with the router's n-gram
-      drafter where that raises the round's goodput (router/ngram_fallback.py); false: they decode
-      plainly.
+    ngram_fallback: AUTO requests draft with the router's n-gram drafter, in place of their draft
+      model or of plain decoding, where that raises the round's goodput (router/ngram_fallback.py);
+      false: never.
     """
 
     auto_off_batch: NonNegativeInt = 0

@@ -114,7 +114,7 @@ class TargetBalance:
         AUTO request off (:func:`router.speculation_off.auto_off`), else the router's k policy
         (:func:`router.draft_depth.want_k`) bounded by this target's depth plan. The scheduler and
         the simulator both ask here. ``spec``: for drafts from another source than the request's
-        mode (the n-gram's in place of a switched-off draft model)."""
+        mode (the router's n-gram, chosen for an AUTO request)."""
         if auto_off(job.auto, running, self.s.cfg.speculation_off.auto_off_batch):
             return 0
         return draft_depth.want_k(spec or job.spec, job.state, max_context, self.s.cost, self.depth_plan)

@@ -113,8 +113,8 @@ class _Run:
 
     def __init__(self, dep: Deployment, requests: list[SimRequestSpec], seed: int, closed: int):
         self.dep, self.requests, self.closed = dep, requests, closed
-        # A simulated request's tokens are placeholders, so no n-gram guess can be scored: requests
-        # whose draft model is switched off decode plainly here (router/ngram_fallback.py).
+        # A simulated request's tokens are placeholders, so no n-gram guess can be scored: AUTO
+        # requests draft by their draft model or not at all here (router/ngram_fallback.py).
         off = dataclasses.replace(dep.router.speculation_off, ngram_fallback=False)
         self.cfg = cfg = dataclasses.replace(dep.router, speculation_off=off)
         self.loop = asyncio.get_running_loop()
