@@ -27,7 +27,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from router.speculation_off import SpecJob, SpeculationOffConfig, VerifyCost, pooled_acceptance, round_goodput
+from router.speculation_off import (
+    SpecJob,
+    SpeculationOffConfig,
+    VerifyCost,
+    pooled_acceptance,
+    round_goodput,
+    switch_in_order,
+)
 
 __all__ = ["MEMORY", "POOL_MEMORY", "score_guess", "remember", "plan_fallback"]
 
@@ -98,15 +105,4 @@ def plan_fallback(
         round_jobs = [n if c else left for n, left, c in zip(as_ngram, as_left, choice)]
         return round_goodput(round_jobs, [j.off for j in round_jobs], cost)
 
-    order = sorted(free, key=lambda i: (-acceptance[i], i))
-    best, best_g = current, goodput(current)
-    g_now = best_g
-    for m in range(len(order) + 1):
-        choice = list(current)
-        for n, i in enumerate(order):
-            choice[i] = n < m
-        g = goodput(choice)
-        if g > best_g:
-            best, best_g = choice, g
-    margin = cfg.off_margin if sum(best) > sum(current) else cfg.on_margin
-    return best if best_g > g_now * (1.0 + margin) else current
+    return switch_in_order(current, sorted(free, key=lambda i: (-acceptance[i], i)), goodput, cfg)

@@ -24,7 +24,7 @@ them; the longest draft a round carries is router/draft_depth.py's (``round_k_ca
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import NonNegativeFloat, NonNegativeInt
@@ -42,6 +42,7 @@ __all__ = [
     "pooled_acceptance",
     "round_goodput",
     "plan_speculation",
+    "switch_in_order",
 ]
 
 
@@ -187,17 +188,28 @@ def plan_speculation(
     if not free:
         return current
     order = sorted(free, key=lambda i: (jobs[i].owed_s == 0, jobs[i].a, i))  # off first: owing a catch-up
-    best, best_g = current, round_goodput(jobs, current, cost)
+    best = switch_in_order(current, order, lambda flags: round_goodput(jobs, flags, cost), cfg)
+    return _one_probe(jobs, current, best)
+
+
+def switch_in_order(
+    current: Sequence[bool], order: Sequence[int], goodput: Callable[[Sequence[bool]], float], cfg: SpeculationOffConfig
+) -> list[bool]:
+    """``current`` with the first m requests of ``order`` flagged and the rest of it not, m chosen
+    for the highest ``goodput``; a plan flagging more requests than now needs a gain of
+    ``off_margin``, one flagging fewer ``on_margin``; else ``current`` as it is. The goodput
+    switch flags requests off by it, router/ngram_fallback.py flags them onto n-gram drafts."""
+    best, best_g = list(current), goodput(current)
     g_now = best_g
     for m in range(len(order) + 1):
         flags = list(current)
         for n, i in enumerate(order):
             flags[i] = n < m
-        g = round_goodput(jobs, flags, cost)
+        g = goodput(flags)
         if g > best_g:
             best, best_g = flags, g
     margin = cfg.off_margin if sum(best) > sum(current) else cfg.on_margin
-    return _one_probe(jobs, current, best) if best_g > g_now * (1.0 + margin) else current
+    return best if best_g > g_now * (1.0 + margin) else list(current)
 
 
 def _one_probe(jobs: Sequence[SpecJob], current: Sequence[bool], flags: list[bool]) -> list[bool]:
