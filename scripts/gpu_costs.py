@@ -95,31 +95,64 @@ def _median_ms(call, repeat: int, digits: int = 2) -> float:
 
 
 def runner_times(model, cases: dict[str, tuple[int, int]], ctx: int, repeat: int) -> dict:
-    """{case: {"fast": ms, "invariant": ms}}: the median ms of specdec's ModelRunner forward per
-    case (rows, tokens per row): a "prefill" case from an empty cache, the others after ``ctx``
-    tokens of context in every row. Returns the runner too (its sizes price the roofline)."""
+    """{case: {"fast": ms, "invariant": ms}}: the median ms of specdec's ModelRunner eager forward
+    per case (rows, tokens per row): a "prefill" case from an empty cache, the others after ``ctx``
+    tokens of context in every row. The decode and verify cases are timed again at the static steps'
+    bucketed shapes ("fast static", "invariant static"; specdec/core/static_step.py), on a GPU
+    replayed from CUDA graphs captured for these cases' buckets in both numerics (elsewhere run
+    eagerly), and "static logits equal" says whether the invariant static step's logits are bitwise
+    the eager forward's. Returns the runner too (its sizes
+    price the roofline; ``runner.captured`` says what the graphs took)."""
     from specdec.core.runner import ModelRunner
 
     rows_max = max(rows for rows, _ in cases.values())
     longest = max(width + (0 if case.startswith("prefill") else ctx) for case, (_, width) in cases.items())
-    runner = ModelRunner(model, num_slots=rows_max, max_len=longest + 8)
+    runner = ModelRunner(model, num_slots=rows_max, max_len=longest + 8, static_shapes=True)
     slots = [runner.alloc_slot() for _ in range(rows_max)]
-    for i in range(0, rows_max, 8):
-        runner.forward(slots[i : i + 8], [[(7 * j) % 1000 for j in range(ctx)]] * len(slots[i : i + 8]), num_logits=0)
-    out = {}
-    for case, (rows, width) in sorted(cases.items(), key=lambda c: c[0].startswith("prefill")):
-        # the prefills last: they drop the context
-        start, logits = (0, 1) if case.startswith("prefill") else (ctx, width)
-        row = out[case] = {}
-        for variant, invariant in (("fast", False), ("invariant", True)):
+    static, runner.static = runner.static, None  # first the eager forward alone
+    bucketed = {
+        case: static.bucket_of(rows, width, ctx + width)
+        for case, (rows, width) in cases.items()
+        if static is not None and not case.startswith("prefill") and static.fits([width] * rows)
+    }
+    out: dict = {case: {} for case in cases}
 
-            def call(rows=rows, width=width, invariant=invariant, start=start, logits=logits):
-                for slot in slots[:rows]:
-                    runner.rollback(slot, start)
-                runner.forward(slots[:rows], [[7] * width] * rows, num_logits=logits, invariant=invariant)
+    def time_cases(names, suffix: str) -> dict:
+        logits = {}
+        for i in range(0, rows_max, 8):  # the context, anew: a prefill case drops it
+            for slot in slots[i : i + 8]:
+                runner.rollback(slot, 0)
+            context = [[(7 * j) % 1000 for j in range(ctx)]] * len(slots[i : i + 8])
+            runner.forward(slots[i : i + 8], context, num_logits=0, invariant=True)
+        for case in sorted(names, key=lambda c: c.startswith("prefill")):  # the prefills last: they drop the context
+            rows, width = cases[case]
+            start, n_logits = (0, 1) if case.startswith("prefill") else (ctx, width)
+            for variant, invariant in (("fast", False), ("invariant", True)):
 
-            row[variant] = _median_ms(call, repeat)
-    return {case: out[case] for case in cases}, runner
+                def call(rows=rows, width=width, invariant=invariant, start=start, n_logits=n_logits):
+                    for slot in slots[:rows]:
+                        runner.rollback(slot, start)
+                    return runner.forward(slots[:rows], [[7] * width] * rows, num_logits=n_logits, invariant=invariant)
+
+                out[case][variant + suffix] = _median_ms(call, repeat)
+                if invariant:
+                    logits[case] = [t.cpu() for t in call()]
+        return logits
+
+    eager = time_cases(cases, "")
+    if bucketed:
+        try:
+            for invariant in (False, True):
+                static.capture(invariant, sorted(set(bucketed.values())))  # on a GPU; elsewhere nothing
+        except Exception as exc:  # noqa: BLE001 - the eager figures stand without the graphs
+            for case in bucketed:
+                out[case]["static"] = f"capture failed: {exc!r}"[:300]
+            return out, runner
+        runner.static = static
+        replayed = time_cases(bucketed, " static")
+        for case in bucketed:
+            out[case]["static logits equal"] = all(torch.equal(a, b) for a, b in zip(eager[case], replayed[case]))
+    return out, runner
 
 
 def copy_bandwidth_gbs(device: str, mib: int, repeat: int) -> float:

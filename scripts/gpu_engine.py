@@ -83,22 +83,32 @@ def build_pair(device: str, tiny: bool, s: Settings) -> ModelPair:
     target, draft = (random_models.build(n, "bfloat16", device, tiny=tiny, seed=i) for i, n in enumerate(names))
     slots, max_len = max(s.batches), s.prompt_tokens + s.max_tokens + s.k + 16
     vocab = target.config.vocab_size
-    return ModelPair(
+    runners = (
         ModelRunner(target, num_slots=slots, max_len=max_len),
         ModelRunner(draft, num_slots=slots, max_len=max_len, invariant_numerics=False),
-        random_models.word_tokenizer(vocab),
-        vocab,
-        tuple(f"random {n}" for n in names),
     )
+    for runner in runners:
+        try:
+            runner.capture()  # as specdec/core/build.py does at start-up: CUDA graphs on a GPU, else nothing
+        except Exception:  # noqa: BLE001 - the run goes on eagerly; its report says why
+            runner.static, runner.capture_error = None, traceback.format_exc()[-1500:]
+    return ModelPair(*runners, random_models.word_tokenizer(vocab), vocab, tuple(f"random {n}" for n in names))
 
 
 def forwards(device: str, tiny: bool, s: Settings) -> dict:
     cases = TINY_FORWARD_CASES if tiny else FORWARD_CASES
     gbs = gpu_costs.copy_bandwidth_gbs(device, s.copy_mib, s.repeat)
-    out: dict = {"context": s.context, "copy bandwidth GB/s": gbs, "models": {}}
+    out: dict = {"context": s.context, "copy bandwidth GB/s": gbs, "models": {}, "captured": {}, "failures": []}
     for size in ("1.5b", "0.5b"):
         model = random_models.build(f"qwen2.5-{size}", "bfloat16", device, tiny=tiny)
         rows, runner = gpu_costs.runner_times(model, cases, s.context, s.repeat)
+        name = f"qwen2.5-{size} shape" + (", tiny" if tiny else "")
+        out["captured"][name] = {k: len(v) if k == "buckets" else v for k, v in runner.captured.items()}
+        out["failures"] += [
+            f"{name} {case}: the static step's logits differ from the eager forward's"
+            for case, row in rows.items()
+            if row.get("static logits equal") is False
+        ] + [f"{name} {case}: {row['static']}" for case, row in rows.items() if "static" in row]
         costs = gpu_costs.catalog_costs(size)[3] if device.startswith("cuda") else None
         for case, (n, width) in cases.items():
             prefill = case.startswith("prefill")
@@ -116,7 +126,7 @@ def forwards(device: str, tiny: bool, s: Settings) -> dict:
                     }
                 except Exception as exc:  # noqa: BLE001 - the reference is optional
                     row["transformers"] = f"failed: {exc!r}"[:300]
-        out["models"][f"qwen2.5-{size} shape" + (", tiny" if tiny else "")] = rows
+        out["models"][name] = rows
         del model, runner
         _free(device)
     return out
@@ -136,6 +146,12 @@ def engine(device: str, quick: bool, tiny: bool = False) -> dict:
     def models() -> ModelPair:
         if not pair:
             pair.append(build_pair(device, tiny, s))
+            out["captured"] = {
+                name: getattr(runner, "capture_error", None)
+                or {k: len(v) if k == "buckets" else v for k, v in runner.captured.items()}
+                for name, runner in zip(pair[0].names, (pair[0].target, pair[0].draft))
+            }
+            out["failures"] += [f"captured: {name} raised" for name, c in out["captured"].items() if isinstance(c, str)]
         return pair[0]
 
     run = {

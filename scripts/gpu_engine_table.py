@@ -39,13 +39,20 @@ def _forwards(report: dict) -> list[str]:
         "roofline": "roofline, bytes / copy bandwidth",
         "catalog": "catalog roofline",
         "runner fast": "fast",
+        "fast static": "fast static",
         "runner invariant": "invariant",
+        "invariant static": "invariant static",
         "HF static eager": "transformers eager, static cache",
         "HF CUDA graph": "transformers CUDA graph replay",
     }
     for model, cases in part["models"].items():
         rows = [[case] + [row.get(key) for key in columns.values()] for case, row in cases.items()]
         lines += _grid([model, *columns], rows)
+    for model, captured in part.get("captured", {}).items():
+        lines.append(
+            f"{model}: static steps captured {captured['buckets']} CUDA graphs (0: run eagerly) in "
+            f"{captured['seconds']:.1f} s, {captured['bytes'] / 2**20:.0f} MiB"
+        )
     return lines
 
 

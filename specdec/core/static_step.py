@@ -117,6 +117,7 @@ class StaticSteps:
         self.inputs = torch.zeros(self._at[-1] + self.batches[-1], dtype=torch.long, device=dev)
         self.hidden = torch.zeros(self.max_rows, runner.embed.shape[1], dtype=runner.dtype, device=dev)
         self.graphs: dict[tuple[Bucket, bool], torch.cuda.CUDAGraph] = {}
+        self._pool = None  # the graphs' one memory pool (capture)
         self.captured: dict = {"buckets": [], "seconds": 0.0, "bytes": 0}
         self.runs: Counter[Bucket] = Counter()  # steps run per bucket, for reports and tests
         self.loops: Counter[Bucket] = Counter()  # greedy loops of several steps (static_greedy.py)
@@ -230,45 +231,46 @@ class StaticSteps:
         return [Bucket(b, w, s) for b in self.batches for w in self.widths for s in self.spans]
 
     @torch.inference_mode()
-    def capture(self) -> dict:
-        """Capture every bucket's step in the runner's numerics as a CUDA graph (on a GPU; elsewhere
-        nothing). Largest first, all in one memory pool: a smaller graph reuses the larger ones'
-        memory, as only one replays at a time. The inputs point every write at the scratch slot, so
-        capturing changes no request's cache. Returns and keeps {buckets, seconds, bytes}."""
+    def capture(self, invariant: bool | None = None, buckets: Sequence[Bucket] | None = None) -> dict:
+        """Capture each bucket's step (default: all) in these numerics (default: the runner's) as a
+        CUDA graph, on a GPU; elsewhere nothing. Largest first, all in one memory pool: a smaller
+        graph reuses the larger ones' memory, as only one replays at a time. The inputs point every
+        write at the scratch slot, so capturing changes no request's cache. Returns and keeps
+        {buckets, seconds, bytes}, summed over the calls (a timing script captures both numerics)."""
         r = self.runner
         if r.device.type != "cuda":
             return self.captured
         if r.all_reduce is not None:
             log.info("static steps: tensor-parallel collectives are not captured; running eagerly")
             return self.captured
-        invariant = r.invariant_numerics
-        self.graphs.clear()
+        invariant = r.invariant_numerics if invariant is None else invariant
         torch.cuda.synchronize(r.device)
         free_before, t0 = torch.cuda.mem_get_info(r.device)[0], time.perf_counter()
         self._reset_inputs()
-        pool = None
-        buckets = sorted(self.all_buckets(), key=lambda b: (b.batch * b.width, b.span), reverse=True)
-        for bucket in buckets:
+        order = sorted(buckets or self.all_buckets(), key=lambda b: (b.batch * b.width, b.span), reverse=True)
+        for bucket in order:
             self.step(bucket, invariant)  # warm-up: lazy initialisation and the allocator, outside the graph
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=self._pool):
                 self.step(bucket, invariant)
-            pool = graph.pool() if pool is None else pool
+            self._pool = graph.pool() if self._pool is None else self._pool
             self.graphs[(bucket, invariant)] = graph
         torch.cuda.synchronize(r.device)
         used = free_before - torch.cuda.mem_get_info(r.device)[0]
+        seconds = time.perf_counter() - t0
         self.captured = {
-            "buckets": [asdict(b) for b in buckets],
-            "seconds": time.perf_counter() - t0,
-            "bytes": int(used),
+            "buckets": self.captured["buckets"] + [asdict(b) | {"invariant": invariant} for b in order],
+            "seconds": self.captured["seconds"] + seconds,
+            "bytes": self.captured["bytes"] + int(used),
         }
         log.info(
-            "static steps: captured %d CUDA graphs (batches %s, widths %s, spans %s) in %.1f s, %.0f MiB",
-            len(buckets),
-            self.batches,
-            self.widths,
-            self.spans,
-            self.captured["seconds"],
+            "static steps: captured %d CUDA graphs (%s numerics; batches %s, widths %s, spans %s) in %.1f s, %.0f MiB",
+            len(order),
+            "invariant" if invariant else "fast",
+            sorted({b.batch for b in order}),
+            sorted({b.width for b in order}),
+            sorted({b.span for b in order}),
+            seconds,
             used / 2**20,
         )
         return self.captured

@@ -61,6 +61,11 @@ def test_engine_part_on_cpu(tmp_path):
         for case, row in cases.items():
             assert row["fast"] > 0 and row["invariant"] > 0 and row["roofline, bytes / copy bandwidth"] > 0
             assert ("transformers eager, static cache" in row) != case.startswith("prefill"), row
+            # decode and verify again at the static steps' buckets (run eagerly here), logits bitwise equal
+            static = not case.startswith("prefill")
+            assert (row.get("static logits equal") is True) == static, row
+            assert (row.get("fast static", 0) > 0 and row.get("invariant static", 0) > 0) == static, row
+    assert all(c == {"buckets": 0, "seconds": 0.0, "bytes": 0} for c in forwards["captured"].values())
 
     e2e = report["e2e"]
     assert list(e2e["batches"]) == ["b=1", "b=8"]
