@@ -75,6 +75,27 @@ class FixedAcceptanceDrafter(ModelDrafter):
         j = position - len(prompt)
         return (self.planned_token(continuation, keep, j), None) if 0 <= j < len(continuation) else (own, None)
 
+    def _draft_on_device(self, inputs, drafts, rows, guesses, limits) -> bool:
+        # Where ModelDrafter drafts several greedy steps in one call on the device (static shapes,
+        # specdec/core/static_greedy.py), its argmaxes never pass through _pick: the call still runs
+        # (its cost is the real drafter's), and its picks are replaced by the plan's here. The draft
+        # model's cache then holds its own picks; the next round feeds it again from where the
+        # request's tokens differ, a little more than a real drafter pays.
+        before = {b: len(drafts[b].tokens) for b in rows}
+        if not super()._draft_on_device(inputs, drafts, rows, guesses, limits):
+            return False
+        for b in rows:
+            index = self._plan(inputs[b])
+            if index is None:
+                continue
+            prompt, continuation, keep = self.plans[index]
+            tokens = drafts[b].tokens
+            for i in range(before[b], len(tokens)):
+                j = len(inputs[b].tokens) + i - len(prompt)
+                if 0 <= j < len(continuation):
+                    tokens[i] = self.planned_token(continuation, keep, j)
+        return True
+
     def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:
         sync()
         t0 = time.perf_counter()

@@ -8,7 +8,7 @@ attention with explicit reductions whose order is fixed by construction:
 
 * scores are one float32 GEMM per kv head (each a dot product over the head dim), the weighted
   sum of values a float32 GEMM per block of KEY_BLOCK keys, both over a multiple of MIN_GEMM_ROWS
-  query rows (see `query_width`);
+  query rows (see `query_width`); float64 on CUDA (`invariant_dtype`);
 * the softmax subtracts the exact maximum over the visible keys (a max is order-free);
 * the per-block partial sums are combined by a sequential fold over blocks in key order, so the
   blocks past a query's own position add exact zeros and change nothing (and are skipped).
@@ -103,6 +103,18 @@ def query_width(width: int, num_heads: int, num_kv_heads: int) -> int:
     return -(-width // step) * step
 
 
+def invariant_dtype(device: torch.device) -> torch.dtype:
+    """What the invariant forward computes its attention and RMS norms in: float32 on a CPU, whose
+    kernels round a row the same way at the shapes `gemm_rows` and `query_width` give (tested here);
+    float64 on CUDA, where a float32 batched GEMM rounds a row by the batch's size (a decode row
+    beside 7 others differed from the same row alone by 2.4e-4, and a random Llama-3.1-8B shape's
+    verify logits from its decodes by up to 0.27) and a row's norm by the rows beside it. The rows
+    that float64 kernels round differently differ by about 1e-16 of their size, which the cast to
+    float32 and then to the model's dtype does not see: with it every verify and decode logit was
+    bitwise equal (docs/results.md, "On a GPU")."""
+    return torch.float64 if device.type == "cuda" else torch.float32
+
+
 def hidden_keys_bias(positions: torch.Tensor, span: int) -> torch.Tensor:
     """[B, 1, 1, T, span] float32: 0 where key j <= positions[b, t] (visible), -inf elsewhere.
     Made once per forward and shared by the layers."""
@@ -149,13 +161,14 @@ def invariant_attention(
                 ]
             )
     # Head h uses kv head h // group (transformers' repeat_kv): fold the group into the GEMM rows.
-    qf = (q.float() * scale).reshape(batch, kv_heads, group, width, dim)
-    kf, vf = keys.float(), values.float()
+    acc = invariant_dtype(q.device)
+    qf = (q.to(acc) * scale).reshape(batch, kv_heads, group, width, dim)
+    kf, vf = keys.to(acc), values.to(acc)
     if width <= QUERY_TILE:  # decode, verify, a chunk: one tile, no host read (a CUDA graph captures it)
         return _attend(qf, kf, vf, bias).view(batch, heads, width, dim).to(q.dtype)
     # Keys each query position sees in any row (a prefix of the span), read once from the bias.
     seen = (bias[:, 0, 0] == 0).sum(-1).amax(0).tolist()
-    out = torch.empty(batch, kv_heads, group, width, dim, dtype=torch.float32, device=q.device)
+    out = torch.empty(batch, kv_heads, group, width, dim, dtype=acc, device=q.device)
     for t0 in range(0, width, QUERY_TILE):
         t1 = min(width, t0 + QUERY_TILE)  # a multiple of MIN_GEMM_ROWS rows, as `width` is
         tile_span = min(span, padded_span(max(seen[t0:t1])))
@@ -166,7 +179,8 @@ def invariant_attention(
 
 
 def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """One tile: qf [B, Hkv, group, t, D] scaled float32 over kf, vf [B, Hkv, S, D] float32."""
+    """One tile: qf [B, Hkv, group, t, D] scaled, over kf, vf [B, Hkv, S, D], all in
+    `invariant_dtype`."""
     batch, kv_heads, group, width, dim = qf.shape
     span = kf.shape[2]
     rows, blocks = group * width, span // KEY_BLOCK
@@ -183,4 +197,4 @@ def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, bias: torch.Te
     acc = torch.zeros(batch, kv_heads, rows, dim, dtype=torch.float64, device=qf.device)
     for j in range(blocks):
         acc += torch.matmul(weights[:, :, :, j], vf[:, :, j * KEY_BLOCK : (j + 1) * KEY_BLOCK])
-    return (acc.float() / total).view(batch, kv_heads, group, width, dim)
+    return (acc.to(qf.dtype) / total).view(batch, kv_heads, group, width, dim)

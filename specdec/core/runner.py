@@ -27,6 +27,7 @@ from specdec.core.attention import (
     gemm_rows,
     hidden_keys_bias,
     invariant_attention,
+    invariant_dtype,
     padded_span,
     padding_rule_holds,
 )
@@ -283,9 +284,10 @@ class ModelRunner:
         return i
 
     # ---- forward -------------------------------------------------------------------------------
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # Same arithmetic as HF's RMSNorm: normalise in float32, cast back, then scale.
-        h = x.float()
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor, invariant: bool) -> torch.Tensor:
+        # Same arithmetic as HF's RMSNorm: normalise in float32 (the invariant forward: in
+        # attention.invariant_dtype), cast back, then scale.
+        h = x.to(invariant_dtype(x.device)) if invariant else x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
@@ -360,14 +362,14 @@ class ModelRunner:
         cos, sin = cos[0, :, None], sin[0, :, None]  # [rows, 1, D]
         rows, d = x.shape[0], self.head_dim
         for i, w in enumerate(self.layers):
-            h = self._rms(x, w.input_norm)
+            h = self._rms(x, w.input_norm, invariant)
             q = self._linear(h, w.q, w.q_bias, invariant).view(rows, -1, d)
             k = self._linear(h, w.k, w.k_bias, invariant).view(rows, -1, d)
             v = self._linear(h, w.v, w.v_bias, invariant).view(rows, -1, d)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             x = x + self._reduce(self._linear(attend(i, q, k, v), w.o, None, invariant))
-            h = self._rms(x, w.post_norm)
+            h = self._rms(x, w.post_norm, invariant)
             gate = self._linear(h, w.gate, None, invariant)
             act = _silu(gate) if invariant else F.silu(gate)
             x = x + self._reduce(self._linear(act * self._linear(h, w.up, None, invariant), w.down, None, invariant))
@@ -424,7 +426,7 @@ class ModelRunner:
 
     def _head(self, h: torch.Tensor, invariant: bool) -> torch.Tensor:
         """The final norm and the lm_head (this rank's vocabulary slice), in the model's dtype."""
-        return self._linear(self._rms(h, self.final_norm), self.lm_head, None, invariant)
+        return self._linear(self._rms(h, self.final_norm, invariant), self.lm_head, None, invariant)
 
 
 def _check_rows(
