@@ -28,6 +28,10 @@ KEY_BLOCK = 64
 # Query positions the invariant attention takes at a time: each tile reads only the key blocks its
 # queries see, so one forward over a long prompt skips the hidden half of the square.
 QUERY_TILE = 256
+# Per-block sums of values (float32 on a CPU) up to this many elements are made by one batched GEMM
+# and folded by cumsum; more (a CPU prefill chunk's) are folded block by block as they are made.
+# The two give the same bits (tests/unit/test_attention_tiles.py).
+ONE_CALL_ELEMENTS = 1 << 20
 # A CPU GEMM rounds a row according to the block of rows it is computed in (`scripts/invariance.py
 # ops`). float32 (MKL): a block of 4 rows one way, a remainder of 1-3 rows another; several
 # threads split the rows in blocks of 4, so only an M that is a multiple of 4 rounds every row the
@@ -193,8 +197,14 @@ def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, bias: torch.Te
     # CPU cumsum accumulates float32 in float64 (torch's acc_type), one block after another: the last
     # element is this left fold in float64, rounded once (tests/unit/test_attention_tiles.py).
     total = weights.sum(-1).cumsum(-1)[..., -1:]  # [B, Hkv, rows, 1]
-    # The sum over keys is a GEMM over one block at a time (fixed K), then the same fold over blocks.
-    acc = torch.zeros(batch, kv_heads, rows, dim, dtype=torch.float64, device=qf.device)
-    for j in range(blocks):
-        acc += torch.matmul(weights[:, :, :, j], vf[:, :, j * KEY_BLOCK : (j + 1) * KEY_BLOCK])
-    return (acc.to(qf.dtype) / total).view(batch, kv_heads, group, width, dim)
+    # The sum over keys is a GEMM per block of keys (fixed K), then the same fold over blocks.
+    if qf.device.type == "cuda" or batch * kv_heads * blocks * rows * dim <= ONE_CALL_ELEMENTS:
+        # Every block's GEMM in one batched call, folded by cumsum: a GPU is bound by launches here.
+        parts = torch.matmul(weights.transpose(2, 3), vf.unflatten(2, (blocks, KEY_BLOCK)))
+        summed = parts.cumsum(2)[:, :, -1]  # [B, Hkv, rows, D]
+    else:  # a CPU prefill chunk: block by block into one accumulator, not tens of MB of block sums
+        acc = torch.zeros(batch, kv_heads, rows, dim, dtype=torch.float64, device=qf.device)
+        for j in range(blocks):
+            acc += torch.matmul(weights[:, :, :, j], vf[:, :, j * KEY_BLOCK : (j + 1) * KEY_BLOCK])
+        summed = acc.to(qf.dtype)
+    return (summed / total).view(batch, kv_heads, group, width, dim)

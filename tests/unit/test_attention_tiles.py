@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+import specdec.core.attention as attention
 from specdec.core.attention import (
     KEY_BLOCK,
     MIN_GEMM_ROWS,
@@ -128,6 +129,16 @@ def threads(request):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}-kv{}-t{}-at{}".format(*s))
 def test_tiles_give_every_query_the_whole_span_bits(shape, dtype, threads):
     assert agree(invariant_attention, case(*shape, dtype))
+
+
+@pytest.mark.parametrize("one_call", [0, 1 << 40], ids=["block-by-block", "one-batched-call"])
+@pytest.mark.parametrize("shape", SHAPES[:4] + SHAPES[6:7], ids=lambda s: "b{}-h{}-kv{}-t{}-at{}".format(*s))
+def test_both_ways_of_summing_the_blocks_give_the_same_bits(shape, one_call, monkeypatch):
+    """`_attend` sums small per-block sums in one batched GEMM and cumsum, large ones block by block
+    (ONE_CALL_ELEMENTS): the same left fold in float64, so either way the reference's bits."""
+    monkeypatch.setattr(attention, "ONE_CALL_ELEMENTS", one_call)
+    assert agree(invariant_attention, case(*shape, torch.bfloat16))
+    assert agree(invariant_attention, case(*shape, torch.float32))
 
 
 def test_the_long_cases_take_several_tiles_and_skip_hidden_blocks():

@@ -281,3 +281,25 @@ def test_weight_gemms_in_row_blocks_give_the_same_logits(tiny_paths, dtype):
     for block in (8, 32):
         for got, want in zip(out[block], out[None]):
             assert torch.equal(got, want), f"blocks of {block}"
+
+
+def test_the_cuda_numerics_keep_a_row_independent_of_the_forward(tiny_paths, monkeypatch):
+    """On CUDA the invariant forward computes its attention and RMS norms in float64
+    (attention.invariant_dtype: a CUDA float32 batched GEMM rounds a row by the batch's size). The
+    same code in float64 on this CPU keeps the property above; the GPU's own run of it is
+    ``scripts/gpu_check.py --parts engine`` (every speculative output against k = 0)."""
+    import specdec.core.runner as runner_module
+
+    asked = []
+
+    def float64(device):
+        asked.append(device)
+        return torch.float64
+
+    monkeypatch.setattr(attention, "invariant_dtype", float64)
+    monkeypatch.setattr(runner_module, "invariant_dtype", float64)
+    model = load_hf(tiny_paths["llama"], dtype=torch.bfloat16)
+    sequence = [random.Random(5).randrange(model.config.vocab_size) for _ in range(32)]
+    case = Case("llama-bf16, float64 attention and norms", model, sequence, _decode_one_by_one(model, sequence), 6)
+    assert asked, "the forward never asked for its invariant dtype"
+    _check_property(case, case.examples)
