@@ -153,7 +153,8 @@ class DrafterPool:
                         batch.append(w)
                         ids |= mine
                 d.queue = rest
-                await self._call(name, d, batch)
+                if batch:  # empty when every waiter was withdrawn while the client was busy
+                    await self._call(name, d, batch)
 
     async def _call(self, name: str, d: _Drafter, batch: list[_Waiter]) -> None:
         seqs = [s for w in batch for s in w.seqs]

@@ -234,3 +234,42 @@ def test_the_pool_measures_a_proposes_run_apart_from_its_queueing():
     (v,) = pool.views(now[0])
     assert v.step_s == pytest.approx(0.02) and v.run_step_s == pytest.approx(0.01)
     assert 0 < v.queue_s < 0.2 * 0.04  # each 40 ms wait moves the long memory a little
+
+
+def test_a_propose_withdrawn_while_the_drafter_is_busy_leaves_the_pool_working():
+    """A round's Propose cancelled while its drafter's client is busy (the round failed open) is
+    withdrawn from the queue; the sender then finds nothing to send. It must not fail (it once raised
+    on the empty batch, once per withdrawn call in a capacity plan's simulations), and the next call
+    must go through."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from router.config import RouterConfig
+    from router.drafter_pool import DrafterPool
+    from router.metrics import Metrics
+    from specdec.rpc import worker_pb2
+
+    sent = []
+
+    async def call_timed(method, request, timeout):
+        sent.append([s.request_id for s in request.sequences])
+        return SimpleNamespace(drafts=[worker_pb2.Draft() for _ in request.sequences]), 0.001
+
+    async def scenario():
+        client = SimpleNamespace(name="a", up=True, restarts=0, info=None, lock=asyncio.Lock(), call_timed=call_timed)
+        pool = DrafterPool(RouterConfig(), Metrics())
+        pool.add(client)
+        seq = worker_pb2.Sequence(request_id="r1", k=2)
+        async with client.lock:  # another Propose or Prefill holds the drafter
+            waiting = asyncio.create_task(pool.propose("a", [seq]))
+            await asyncio.sleep(0.01)
+            waiting.cancel()
+            await asyncio.sleep(0.01)
+        sender = pool._d["a"].sender
+        await asyncio.wait_for(sender, 1.0)
+        assert sender.exception() is None
+        drafts = await asyncio.wait_for(pool.propose("a", [worker_pb2.Sequence(request_id="r2", k=2)]), 1.0)
+        assert len(drafts) == 1
+
+    asyncio.run(scenario())
+    assert sent == [["r2"]]
