@@ -86,6 +86,7 @@ class DraftServicer(worker_pb2_grpc.DraftServiceServicer):
             "placement": self.placement,
             "instance": self.instance,
             "evicted": getattr(getattr(self.drafter, "slots", None), "evicted", 0),  # n-gram: no slots
+            "captured": self.runner.capture_summary() if self.runner is not None else {},
         }
 
     def _sequences(self, protos) -> list:

@@ -105,7 +105,7 @@ def forwards(device: str, tiny: bool, s: Settings) -> dict:
         model = random_models.build(f"qwen2.5-{size}", "bfloat16", device, tiny=tiny)
         rows, runner = gpu_costs.runner_times(model, cases, s.context, s.repeat)
         name = f"qwen2.5-{size} shape" + (", tiny" if tiny else "")
-        out["captured"][name] = {k: len(v) if k == "buckets" else v for k, v in runner.captured.items()}
+        out["captured"][name] = runner.capture_summary()
         out["failures"] += [
             f"{name} {case}: the static step's logits differ from the eager forward's"
             for case, row in rows.items()
@@ -149,8 +149,7 @@ def engine(device: str, quick: bool, tiny: bool = False) -> dict:
         if not pair:
             pair.append(build_pair(device, tiny, s))
             out["captured"] = {
-                name: getattr(runner, "capture_error", None)
-                or {k: len(v) if k == "buckets" else v for k, v in runner.captured.items()}
+                name: getattr(runner, "capture_error", None) or runner.capture_summary()
                 for name, runner in zip(pair[0].names, (pair[0].target, pair[0].draft))
             }
             out["failures"] += [f"captured: {name} raised" for name, c in out["captured"].items() if isinstance(c, str)]

@@ -50,7 +50,7 @@ def _forwards(report: dict) -> list[str]:
         lines += _grid([model, *columns], rows)
     for model, captured in part.get("captured", {}).items():
         lines.append(
-            f"{model}: static steps captured {captured['buckets']} CUDA graphs (0: run eagerly) in "
+            f"{model}: static steps captured {captured['graphs']} CUDA graphs (0: run eagerly) in "
             f"{captured['seconds']:.1f} s, {captured['bytes'] / 2**20:.0f} MiB"
         )
     return lines

@@ -120,6 +120,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             "placement": self.placement,
             "evicted": self.verifier.slots.evicted,
             "instance": self.instance,
+            "captured": self.runner.capture_summary(),
         }
 
     # ---- RPCs --------------------------------------------------------------------------------

@@ -240,9 +240,15 @@ class ModelRunner:
 
     @property
     def captured(self) -> dict:
-        """What `capture` captured: {buckets: [{batch, width, span}], seconds, bytes}; empty lists
-        and zeros where nothing was (a CPU, static shapes off, tensor parallelism)."""
+        """What `capture` captured: {buckets: [{batch, width, span, invariant}], seconds, bytes};
+        empty lists and zeros where nothing was (a CPU, static shapes off, tensor parallelism)."""
         return self.static.captured if self.static is not None else {"buckets": [], "seconds": 0.0, "bytes": 0}
+
+    def capture_summary(self) -> dict:
+        """{graphs, seconds, bytes} of `captured`: what a worker's Info (WorkerInfo.captured) and the
+        GPU check report."""
+        c = self.captured
+        return {"graphs": len(c["buckets"]), "seconds": float(c["seconds"]), "bytes": int(c["bytes"])}
 
     # ---- slots -------------------------------------------------------------------------------
     def alloc_slot(self) -> int:

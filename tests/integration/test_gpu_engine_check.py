@@ -65,7 +65,7 @@ def test_engine_part_on_cpu(tmp_path):
             static = not case.startswith("prefill")
             assert (row.get("static logits equal") is True) == static, row
             assert (row.get("fast static", 0) > 0 and row.get("invariant static", 0) > 0) == static, row
-    assert all(c == {"buckets": 0, "seconds": 0.0, "bytes": 0} for c in forwards["captured"].values())
+    assert all(c == {"graphs": 0, "seconds": 0.0, "bytes": 0} for c in forwards["captured"].values())
 
     e2e = report["e2e"]
     assert list(e2e["batches"]) == ["b=1", "b=8"]

@@ -231,3 +231,22 @@ def test_a_greedy_drafter_drafts_the_same_on_the_device(tiny_paths):
             assert runner.static.loops == {Bucket(3, 1, 128): 3}
     assert drafts[True] == drafts[False]
     assert all(len(t) == 5 for rounds in drafts.values() for r in rounds for t in r)
+
+
+def test_a_workers_info_reports_what_its_runner_captured(tiny_paths):
+    """WorkerInfo.captured: the graphs, seconds and bytes of the start-up capture. On a CPU nothing
+    is captured; a GPU's capture is stood in for by setting what StaticSteps.capture would keep."""
+    from specdec.core.target import TargetVerifier
+    from specdec.rpc import worker_pb2
+    from target_worker.servicer import TargetServicer
+
+    model = load_hf(tiny_paths["llama"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_paths["llama"])
+    runner = ModelRunner(model, num_slots=2, max_len=64, static_shapes=True)
+    servicer = TargetServicer(TargetVerifier(runner), tokenizer, model_name="tiny", dtype="float32", device="cpu")
+    info = servicer.Info(worker_pb2.InfoRequest(), None)
+    assert info.HasField("captured") and (info.captured.graphs, info.captured.bytes) == (0, 0)
+    buckets = [{"batch": b, "width": 1, "span": 64, "invariant": True} for b in (1, 2)]
+    runner.static.captured = {"buckets": buckets, "seconds": 1.25, "bytes": 3 << 20}  # as on a GPU
+    info = servicer.Info(worker_pb2.InfoRequest(), None)
+    assert (info.captured.graphs, info.captured.seconds, info.captured.bytes) == (2, 1.25, 3 << 20)

@@ -153,7 +153,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "role", "dtype", "device", "max_context", "vocab_size", "num_slots", "free_slots", "eos_token_ids", "has_chat_template", "telemetry", "tokenizer_fingerprint", "placement", "evicted", "instance")
+    __slots__ = ("model", "role", "dtype", "device", "max_context", "vocab_size", "num_slots", "free_slots", "eos_token_ids", "has_chat_template", "telemetry", "tokenizer_fingerprint", "placement", "evicted", "instance", "captured")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,7 @@ class WorkerInfo(_message.Message):
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    CAPTURED_FIELD_NUMBER: _ClassVar[int]
     model: str
     role: str
     dtype: str
@@ -184,7 +185,18 @@ class WorkerInfo(_message.Message):
     placement: str
     evicted: int
     instance: str
-    def __init__(self, model: _Optional[str] = ..., role: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., telemetry: _Optional[_Union[DeviceTelemetry, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ..., placement: _Optional[str] = ..., evicted: _Optional[int] = ..., instance: _Optional[str] = ...) -> None: ...
+    captured: StaticCapture
+    def __init__(self, model: _Optional[str] = ..., role: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., telemetry: _Optional[_Union[DeviceTelemetry, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ..., placement: _Optional[str] = ..., evicted: _Optional[int] = ..., instance: _Optional[str] = ..., captured: _Optional[_Union[StaticCapture, _Mapping]] = ...) -> None: ...
+
+class StaticCapture(_message.Message):
+    __slots__ = ("graphs", "seconds", "bytes")
+    GRAPHS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    graphs: int
+    seconds: float
+    bytes: int
+    def __init__(self, graphs: _Optional[int] = ..., seconds: _Optional[float] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class GetTokenizerRequest(_message.Message):
     __slots__ = ()
