@@ -101,8 +101,8 @@ def runner_times(model, cases: dict[str, tuple[int, int]], ctx: int, repeat: int
     bucketed shapes ("fast static", "invariant static"; specdec/core/static_step.py), on a GPU
     replayed from CUDA graphs captured for these cases' buckets in both numerics (elsewhere run
     eagerly), and "static logits equal" says whether the invariant static step's logits are bitwise
-    the eager forward's. Returns the runner too (its sizes
-    price the roofline; ``runner.captured`` says what the graphs took)."""
+    the eager forward's. Returns the runner too (its sizes price the roofline;
+    ``runner.capture_summary()`` says what the graphs took)."""
     from specdec.core.runner import ModelRunner
 
     rows_max = max(rows for rows, _ in cases.values())
