@@ -68,12 +68,18 @@ class FixedAcceptanceDrafter(ModelDrafter):
         if inp.mode is not VerifyMode.GREEDY:
             raise ValueError("a fixed-acceptance drafter proposes a greedy continuation: greedy requests only")
         own = int(torch.argmax(logits))  # what a real drafter pays per token: its pick and the wait for it
+        planned = self._planned(inp, position)
+        return (own if planned is None else planned), None
+
+    def _planned(self, inp: DraftInput, position: int) -> int | None:
+        """The plan's token at sequence position ``position`` of ``inp``'s request; None where it has
+        none (not a planned prompt, or past the known continuation)."""
         index = self._plan(inp)
         if index is None:
-            return own, None
+            return None
         prompt, continuation, keep = self.plans[index]
         j = position - len(prompt)
-        return (self.planned_token(continuation, keep, j), None) if 0 <= j < len(continuation) else (own, None)
+        return self.planned_token(continuation, keep, j) if 0 <= j < len(continuation) else None
 
     def _draft_on_device(self, inputs, drafts, rows, guesses, limits) -> bool:
         # Where ModelDrafter drafts several greedy steps in one call on the device (static shapes,
@@ -85,15 +91,11 @@ class FixedAcceptanceDrafter(ModelDrafter):
         if not super()._draft_on_device(inputs, drafts, rows, guesses, limits):
             return False
         for b in rows:
-            index = self._plan(inputs[b])
-            if index is None:
-                continue
-            prompt, continuation, keep = self.plans[index]
             tokens = drafts[b].tokens
             for i in range(before[b], len(tokens)):
-                j = len(inputs[b].tokens) + i - len(prompt)
-                if 0 <= j < len(continuation):
-                    tokens[i] = self.planned_token(continuation, keep, j)
+                planned = self._planned(inputs[b], len(inputs[b].tokens) + i)
+                if planned is not None:
+                    tokens[i] = planned
         return True
 
     def propose(self, inputs: Sequence[DraftInput]) -> list[Draft]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gpu_costs
 import random_models
@@ -76,6 +76,7 @@ class ModelPair:
     tokenizer: object
     vocab_size: int
     names: tuple[str, str]
+    capture_errors: dict[str, str] = field(default_factory=dict)  # name: traceback of a failed capture
 
 
 def build_pair(device: str, tiny: bool, s: Settings) -> ModelPair:
@@ -89,12 +90,14 @@ def build_pair(device: str, tiny: bool, s: Settings) -> ModelPair:
         ModelRunner(target, num_slots=slots, max_len=max_len, static_shapes=True),
         ModelRunner(draft, num_slots=slots, max_len=max_len, invariant_numerics=False, static_shapes=True),
     )
-    for runner in runners:
+    labels = tuple(f"random {n}" for n in names)
+    errors = {}
+    for label, runner in zip(labels, runners):
         try:
             runner.capture()  # as specdec/core/build.py does at start-up: CUDA graphs on a GPU, else nothing
         except Exception:  # noqa: BLE001 - the run goes on eagerly; its report says why
-            runner.static, runner.capture_error = None, traceback.format_exc()[-1500:]
-    return ModelPair(*runners, random_models.word_tokenizer(vocab), vocab, tuple(f"random {n}" for n in names))
+            runner.static, errors[label] = None, traceback.format_exc()[-1500:]
+    return ModelPair(*runners, random_models.word_tokenizer(vocab), vocab, labels, errors)
 
 
 def forwards(device: str, tiny: bool, s: Settings) -> dict:
@@ -149,7 +152,7 @@ def engine(device: str, quick: bool, tiny: bool = False) -> dict:
         if not pair:
             pair.append(build_pair(device, tiny, s))
             out["captured"] = {
-                name: getattr(runner, "capture_error", None) or runner.capture_summary()
+                name: pair[0].capture_errors.get(name) or runner.capture_summary()
                 for name, runner in zip(pair[0].names, (pair[0].target, pair[0].draft))
             }
             out["failures"] += [f"captured: {name} raised" for name, c in out["captured"].items() if isinstance(c, str)]
