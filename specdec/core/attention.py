@@ -12,6 +12,9 @@ attention with explicit reductions whose order is fixed by construction:
 * the softmax subtracts the exact maximum over the visible keys (a max is order-free);
 * the per-block partial sums are combined by a sequential fold over blocks in key order, so the
   blocks past a query's own position add exact zeros and change nothing (and are skipped).
+
+That is `invariant_attention_torch`, a GPU's path. A CPU runs specdec/core/cpu_attention.c instead:
+the same rules in one compiled loop, which reads the bf16 cache directly and needs no padding rule.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Iterable
 
 import torch
 
+from specdec.core import cpu_attention
 from specdec.core.packed import pack
 from specdec.core.quant import linear
 
@@ -129,13 +133,46 @@ def hidden_keys_bias(positions: torch.Tensor, span: int) -> torch.Tensor:
 
 
 def invariant_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of queries over a row's cached keys, the same for a query in any forward.
 
-    q: [B, H, T, D]; keys, values: [B, Hkv, S, D] with S a multiple of KEY_BLOCK; bias: from
-    `hidden_keys_bias`. Returns [B, H, T, D] in q's dtype. Needs (H // Hkv) * T to be a multiple
-    of MIN_GEMM_ROWS (see `query_width`).
+    q: [B, H, T, D]; keys, values: [B, Hkv, S, D], or with ``slots`` [B] a whole cache layer
+    [slots, Hkv, >= S, D] of which batch row b reads slot slots[b]; bias: from `hidden_keys_bias`,
+    [B, 1, 1, T, S] with S a multiple of KEY_BLOCK. Returns [B, H, T, D] in q's dtype. Needs
+    (H // Hkv) * T to be a multiple of MIN_GEMM_ROWS (see `query_width`).
+
+    On a CPU, the compiled loop of specdec/core/cpu_attention.c where it can be built: its own fixed
+    order of arithmetic, the cache read in place, several times faster than torch's ops there
+    (docs/results.md, "The CPU engine"). Elsewhere `invariant_attention_torch`, the slots' keys
+    gathered first. A process takes one of the two for all its forwards."""
+    span = bias.shape[-1]
+    _check_shapes(q, keys.shape[1], span)
+    if cpu_attention.supports(q):
+        return cpu_attention.attend(q, keys, values, bias, scale, slots)
+    if slots is not None:
+        keys, values = keys[slots, :, :span], values[slots, :, :span]
+    return invariant_attention_torch(q, keys, values, bias, scale)
+
+
+def _check_shapes(q: torch.Tensor, kv_heads: int, span: int) -> None:
+    group, width = q.shape[1] // kv_heads, q.shape[2]
+    if span % KEY_BLOCK or (group * width) % MIN_GEMM_ROWS:
+        raise ValueError(
+            f"invariant_attention: span {span} must be a multiple of {KEY_BLOCK} and "
+            f"(H/Hkv)*T = {group * width} a multiple of {MIN_GEMM_ROWS}"
+        )
+
+
+def invariant_attention_torch(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """`invariant_attention` as torch ops (a GPU's, and a CPU's without a C compiler).
 
     The queries go QUERY_TILE positions at a time, each tile over the key blocks its queries can see:
     the blocks left out hold only hidden keys, whose weights are exact zeros, so a query's numbers are
@@ -144,11 +181,7 @@ def invariant_attention(
     batch, heads, width, dim = q.shape
     kv_heads, span = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    if span % KEY_BLOCK or (group * width) % MIN_GEMM_ROWS:
-        raise ValueError(
-            f"invariant_attention: span {span} must be a multiple of {KEY_BLOCK} and "
-            f"(H/Hkv)*T = {group * width} a multiple of {MIN_GEMM_ROWS}"
-        )
+    _check_shapes(q, kv_heads, span)
     if batch > 1 and q.device.type == "cpu" and group * width >= SPLIT_MIN_ROWS:
         # Rows of a batch far apart (a chunk deep into one prompt beside the first of another) each
         # go over their own keys: the blocks left out are hidden from them, so their numbers are the
@@ -158,7 +191,7 @@ def invariant_attention(
         if 4 * sum(own) <= 3 * batch * span:  # a quarter of the batch's key blocks or more hidden
             return torch.cat(
                 [
-                    invariant_attention(
+                    invariant_attention_torch(
                         q[b : b + 1], keys[b : b + 1, :, :s], values[b : b + 1, :, :s], bias[b : b + 1, ..., :s], scale
                     )
                     for b, s in enumerate(own)

@@ -398,13 +398,13 @@ class ModelRunner:
         q = batch.unpack(q).transpose(1, 2)  # [B, H, width, D]
         span = batch.span if bias is None else bias.shape[-1]
         kc, vc = self.k_cache[layer], self.v_cache[layer]
-        if b == 1:  # a view, no copy
-            keys, vals = kc[batch.slots[0], :, :span].unsqueeze(0), vc[batch.slots[0], :, :span].unsqueeze(0)
+        if bias is not None:  # the rows' slots: read in place on a CPU (cpu_attention.c), gathered elsewhere
+            out = invariant_attention(q, kc, vc, bias, self.head_dim**-0.5, slots=batch.slot_t)
         else:
-            keys, vals = kc[batch.slot_t, :, :span], vc[batch.slot_t, :, :span]
-        if bias is not None:
-            out = invariant_attention(q, keys, vals, bias, self.head_dim**-0.5)
-        else:
+            if b == 1:  # a view, no copy
+                keys, vals = kc[batch.slots[0], :, :span].unsqueeze(0), vc[batch.slots[0], :, :span].unsqueeze(0)
+            else:
+                keys, vals = kc[batch.slot_t, :, :span], vc[batch.slot_t, :, :span]
             mask = None
             if not (b == 1 and width == 1):
                 mask = (torch.arange(span, device=self.device) <= batch.positions[:, :, None])[:, None]

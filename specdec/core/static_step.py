@@ -208,10 +208,10 @@ class StaticSteps:
             r.v_cache[i][write_slot, :, write_at] = v[:tokens]
             qa = F.pad(q[:tokens].view(batch, width, *q.shape[1:]), (0, 0, 0, 0, 0, q_width - width))
             qa = qa.transpose(1, 2)  # [batch, heads, q_width, head_dim]
-            keys, vals = r.k_cache[i][row_slot, :, :span], r.v_cache[i][row_slot, :, :span]
-            if invariant:
-                out = invariant_attention(qa, keys, vals, bias, r.head_dim**-0.5)
+            if invariant:  # the cache and the rows' slots (cpu_attention.c reads it in place)
+                out = invariant_attention(qa, r.k_cache[i], r.v_cache[i], bias, r.head_dim**-0.5, slots=row_slot)
             else:
+                keys, vals = r.k_cache[i][row_slot, :, :span], r.v_cache[i][row_slot, :, :span]
                 out = F.scaled_dot_product_attention(
                     qa, keys, vals, attn_mask=mask, enable_gqa=qa.shape[1] != keys.shape[1]
                 )

@@ -1,6 +1,6 @@
 """The invariant attention by query tiles gives every query the bits of one pass over the whole span.
 
-`invariant_attention` (specdec/core/attention.py) takes QUERY_TILE query positions at a time over
+`invariant_attention_torch` (specdec/core/attention.py, the GPU's path) takes QUERY_TILE query positions at a time over
 only the key blocks they see, and folds the per-block sums one block at a time. The reference below
 is the plain form it replaces: every query over the whole padded span, the per-block sums scanned
 with cumsum. Both must agree bit for bit on every shape (batch, width, span, GQA group, float32 and
@@ -21,7 +21,7 @@ from specdec.core.attention import (
     MIN_GEMM_ROWS,
     QUERY_TILE,
     hidden_keys_bias,
-    invariant_attention,
+    invariant_attention_torch,
     padded_span,
     query_width,
 )
@@ -128,7 +128,7 @@ def threads(request):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}-kv{}-t{}-at{}".format(*s))
 def test_tiles_give_every_query_the_whole_span_bits(shape, dtype, threads):
-    assert agree(invariant_attention, case(*shape, dtype))
+    assert agree(invariant_attention_torch, case(*shape, dtype))
 
 
 @pytest.mark.parametrize("one_call", [0, 1 << 40], ids=["block-by-block", "one-batched-call"])
@@ -137,8 +137,8 @@ def test_both_ways_of_summing_the_blocks_give_the_same_bits(shape, one_call, mon
     """`_attend` sums small per-block sums in one batched GEMM and cumsum, large ones block by block
     (ONE_CALL_ELEMENTS): the same left fold in float64, so either way the reference's bits."""
     monkeypatch.setattr(attention, "ONE_CALL_ELEMENTS", one_call)
-    assert agree(invariant_attention, case(*shape, torch.bfloat16))
-    assert agree(invariant_attention, case(*shape, torch.float32))
+    assert agree(invariant_attention_torch, case(*shape, torch.bfloat16))
+    assert agree(invariant_attention_torch, case(*shape, torch.float32))
 
 
 def test_the_long_cases_take_several_tiles_and_skip_hidden_blocks():
@@ -162,11 +162,11 @@ def test_rows_far_apart_each_go_over_their_own_keys_with_the_same_bits(dtype, mo
         attention, "_attend", lambda qf, kf, vf, bias: spans.append(kf.shape[2]) or attend(qf, kf, vf, bias)
     )
     args = case(2, 9, 3, 128, 3000, dtype, starts=[3000, 40])
-    assert agree(invariant_attention, args)
+    assert agree(invariant_attention_torch, args)
     assert sorted(spans) == [padded_span(40 + 128), padded_span(3000 + 128)]
     spans.clear()
     close = case(2, 9, 3, 128, 3000, dtype, starts=[3000, 2900])  # close together: one batched call
-    assert agree(invariant_attention, close) and spans == [padded_span(3000 + 128)]
+    assert agree(invariant_attention_torch, close) and spans == [padded_span(3000 + 128)]
 
 
 def test_cumsum_is_a_float64_left_fold():
@@ -186,5 +186,5 @@ def test_cumsum_is_a_float64_left_fold():
 @pytest.mark.parametrize("broken", [float32_fold, pairwise_blocks], ids=["float32-fold", "pairwise"])
 def test_a_fold_in_another_order_or_precision_is_caught(broken):
     args = case(1, 9, 3, 128, 3872, torch.float32)
-    assert agree(invariant_attention, args)
+    assert agree(invariant_attention_torch, args)
     assert not agree(broken, args)

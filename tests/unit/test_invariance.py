@@ -298,8 +298,19 @@ def test_the_cuda_numerics_keep_a_row_independent_of_the_forward(tiny_paths, mon
 
     monkeypatch.setattr(attention, "invariant_dtype", float64)
     monkeypatch.setattr(runner_module, "invariant_dtype", float64)
+    monkeypatch.setattr(attention.cpu_attention, "supports", lambda q: False)  # the GPU's attention path
     model = load_hf(tiny_paths["llama"], dtype=torch.bfloat16)
     sequence = [random.Random(5).randrange(model.config.vocab_size) for _ in range(32)]
     case = Case("llama-bf16, float64 attention and norms", model, sequence, _decode_one_by_one(model, sequence), 6)
     assert asked, "the forward never asked for its invariant dtype"
+    _check_property(case, case.examples)
+
+
+def test_the_torch_attention_keeps_the_property_on_a_cpu_without_a_compiler(tiny_paths, monkeypatch):
+    """Above, a CPU's forward runs the compiled attention (specdec/core/cpu_attention.c); where no C
+    compiler builds it, `invariant_attention_torch` keeps the property too."""
+    monkeypatch.setattr(attention.cpu_attention, "supports", lambda q: False)
+    model = load_hf(tiny_paths["llama"], dtype=torch.bfloat16)
+    sequence = [random.Random(6).randrange(model.config.vocab_size) for _ in range(32)]
+    case = Case("llama-bf16, torch's attention ops", model, sequence, _decode_one_by_one(model, sequence), 6)
     _check_property(case, case.examples)

@@ -1,0 +1,156 @@
+"""The invariant attention on a CPU as one compiled loop (cpu_attention.c), built on first use.
+
+torch's small CPU ops cost more than the arithmetic of a decode step's attention: the gathered
+keys and values converted to float32, two batched GEMMs, a dozen elementwise passes. The C loop
+reads the cache's bfloat16 rows directly, skips the keys a query does not see, and fixes its order of
+arithmetic itself, so a row's result depends on nothing else in the forward by construction
+(docs/design.md, invariant 2), with no padding rule to rely on.
+
+The library is compiled once per source, compiler and CPU into ``$SPECDEC_CACHE/kernels`` with the
+machine's own instruction set (-march=native) and torch's OpenMP runtime (the process's one thread
+pool). Without a C compiler, or with ``SPECDEC_CPU_KERNELS=0``, `kernel` is None and the caller keeps
+torch's path; one process always uses one of the two, so its outputs stay self-consistent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from specdec.core.packs import cache_root
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_attention.c")
+# The order of arithmetic is the source's: no contraction of a*b+c the source does not write (the
+# rest is explained in cpu_attention.c). -march=native: built on the machine that runs it.
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
+FLAGS += ("-fopenmp", "-shared", "-fPIC")
+ENV_SWITCH = "SPECDEC_CPU_KERNELS"
+
+
+class KernelBuildError(RuntimeError):
+    pass
+
+
+def _cpu_id() -> str:
+    """What -march=native compiles for: the CPU's model and flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def build(compiler: str, out_dir: Path, flags: tuple[str, ...] = FLAGS) -> Path:
+    """Compile cpu_attention.c with `compiler` into `out_dir` (once: the name holds a hash of the
+    source, compiler, flags and CPU); return the library's path."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(flags).encode(), _cpu_id().encode()]))
+    path = out_dir / f"cpu_attention-{key.hexdigest()[:16]}.so"
+    if path.exists():
+        return path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Built beside its final name and moved there in one step: processes starting together each
+    # build their own copy, and none loads a half-written one.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise KernelBuildError(f"{compiler} could not build {SOURCE.name}: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """The built library with its function's signature declared."""
+    lib = ctypes.CDLL(str(path))
+    pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.invariant_attention.restype = i32
+    lib.invariant_attention.argtypes = [pointer] * 3 + [i32] + [pointer, i64, i64] * 2 + [pointer] * 2 + [i32] * 6
+    return lib
+
+
+@functools.cache
+def kernel() -> ctypes.CDLL | None:
+    """The compiled library, or None: switched off, no compiler, or a build that failed (logged)."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        log.warning("no C compiler: the CPU attention runs as torch ops (slower)")
+        return None
+    try:
+        return load(build(compiler, cache_root() / "kernels"))
+    except (KernelBuildError, OSError) as exc:
+        log.warning("the CPU attention kernel is not available, torch ops instead: %s", exc)
+        return None
+
+
+def supports(q: torch.Tensor) -> bool:
+    """Whether the C loop takes this call: CPU tensors, where the library is built."""
+    return q.device.type == "cpu" and kernel() is not None
+
+
+def attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`attention.invariant_attention`'s contract (q [B, H, T, D]; keys, values [B, Hkv, S, D], or
+    with ``slots`` [B] the rows of keys and values that batch row b reads; bias [B, 1, 1, T, S]) by
+    the C loop; returns [B, H, T, D] in q's dtype."""
+    batch, heads, width, dim = q.shape
+    kv_heads, span = keys.shape[1], bias.shape[-1]
+    qf = (q.float() * scale).contiguous()
+    bf16 = keys.dtype == torch.bfloat16 and values.dtype == torch.bfloat16
+    if not bf16:  # float32 as it is; float16 widened (exactly)
+        keys, values = keys.float(), values.float()
+    if keys.stride(-1) != 1:
+        keys = keys.contiguous()
+    if values.stride(-1) != 1:
+        values = values.contiguous()
+    rows = torch.arange(batch) if slots is None else slots.cpu()
+    krows = (rows * keys.stride(0)).contiguous()
+    vrows = (rows * values.stride(0)).contiguous()
+    mask = bias.reshape(batch, width, span).contiguous()
+    out = torch.empty(batch, heads, width, dim, dtype=torch.float32)
+    done = kernel().invariant_attention(
+        qf.data_ptr(),
+        keys.data_ptr(),
+        values.data_ptr(),
+        int(bf16),
+        krows.data_ptr(),
+        *keys.stride()[1:3],
+        vrows.data_ptr(),
+        *values.stride()[1:3],
+        mask.data_ptr(),
+        out.data_ptr(),
+        batch,
+        heads,
+        kv_heads,
+        width,
+        span,
+        dim,
+    )
+    if done != 0:
+        raise MemoryError("the CPU attention kernel could not allocate its buffers")
+    return out.to(q.dtype)

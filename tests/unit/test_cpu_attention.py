@@ -1,0 +1,188 @@
+"""The CPU's compiled invariant attention (specdec/core/cpu_attention.c) gives a query the same bits
+in any forward, and is attention.
+
+A query is compared alone (one position, one row, the shortest span) with the same query inside
+forwards that differ in everything else: a batch of rows at other lengths, a verify's or a prefill
+chunk's width (several of the loop's tasks), a longer padded span, the cache read in place by slot
+against gathered rows, one thread against two, and the library built without AVX-512 (its plain
+loops). torch's SDPA fails the same comparison, so it can fail (docs/design.md, invariant 2).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.core import cpu_attention
+from specdec.core.attention import hidden_keys_bias, invariant_attention, padded_span
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs a C compiler (gcc)")
+
+SCALE = 0.088
+
+
+def _cache(slots: int, heads: int, span: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.randn(slots, heads, span, dim, generator=gen).bfloat16()
+    values = torch.randn(slots, heads, span, dim, generator=gen).bfloat16()
+    return keys, values
+
+
+def _query(heads: int, dim: int, seed: int) -> torch.Tensor:
+    return torch.randn(heads, dim, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+def _alone(attend, query, keys, values, slot: int, position: int) -> torch.Tensor:
+    """The query at `position` of slot `slot`, alone in its forward over the shortest span."""
+    span = padded_span(position + 1)
+    bias = hidden_keys_bias(torch.tensor([[position]]), span)
+    out = attend(query[None, :, None], keys[slot : slot + 1, :, :span], values[slot : slot + 1, :, :span], bias, SCALE)
+    return out[0, :, 0]
+
+
+def _c_attend(q, keys, values, bias, scale, slots=None):
+    return cpu_attention.attend(q, keys, values, bias, scale, slots)
+
+
+def _sdpa(q, keys, values, bias, scale, slots=None):
+    if slots is not None:
+        keys, values = keys[slots, :, : bias.shape[-1]], values[slots, :, : bias.shape[-1]]
+    visible = bias[:, 0] == 0
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
+    return out
+
+
+def _mixed_forward(attend, keys, values, queries, in_place: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Three rows in one forward of width 12: slot 2 verifying at 290-301, slot 0 at 40-51, slot 3
+    a single decode at 120 (its other columns padding at position 0); the span padded one block past
+    the longest row. Returns (inside, alone) for each real query."""
+    heads, dim = keys.shape[1] * 6, keys.shape[-1]
+    slots, starts, widths, width = [2, 0, 3], [290, 40, 120], [12, 12, 1], 12
+    positions = torch.zeros(3, width, dtype=torch.long)
+    q = torch.zeros(3, heads, width, dim, dtype=torch.bfloat16)
+    for row, (start, n) in enumerate(zip(starts, widths)):
+        positions[row, :n] = torch.arange(start, start + n)
+        for t in range(n):
+            q[row, :, t] = queries[(row, t)]
+    span = padded_span(302) + 64
+    bias = hidden_keys_bias(positions, span)
+    slot_t = torch.tensor(slots)
+    if in_place:
+        out = attend(q, keys, values, bias, SCALE, slot_t)
+    else:
+        out = attend(q, keys[slot_t, :, :span].contiguous(), values[slot_t, :, :span].contiguous(), bias, SCALE)
+    pairs = []
+    for row, (slot, start, n) in enumerate(zip(slots, starts, widths)):
+        for t in range(n):
+            pairs.append((out[row, :, t], _alone(attend, queries[(row, t)], keys, values, slot, start + t)))
+    return pairs
+
+
+def _queries(heads: int, dim: int) -> dict:
+    return {(row, t): _query(heads, dim, 100 * row + t) for row in range(3) for t in range(12)}
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["cache read in place", "rows gathered"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_query_gets_the_same_bits_in_any_forward(in_place, threads):
+    keys, values = _cache(4, 2, 512, 128)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        pairs = _mixed_forward(_c_attend, keys, values, _queries(12, 128), in_place)
+    finally:
+        torch.set_num_threads(before)
+    assert len(pairs) == 25
+    assert all(torch.equal(inside, alone) for inside, alone in pairs)
+
+
+def test_sdpa_fails_the_same_comparison():
+    keys, values = _cache(4, 2, 512, 128)
+    pairs = _mixed_forward(_sdpa, keys, values, _queries(12, 128), in_place=True)
+    assert not all(torch.equal(inside, alone) for inside, alone in pairs)
+
+
+def test_a_prefill_chunk_gives_each_position_the_bits_of_its_decode():
+    """A 300-token chunk (many of the loop's tasks of POSITIONS positions, each of a different
+    width of visible keys) against each position decoded alone."""
+    keys, values = _cache(1, 2, 320, 64)
+    q = torch.randn(1, 8, 300, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
+    out = cpu_attention.attend(q, keys, values, hidden_keys_bias(torch.arange(300)[None], 320), SCALE)
+    for t in (0, 1, 7, 8, 63, 64, 150, 299):
+        assert torch.equal(out[0, :, t], _alone(_c_attend, q[0, :, t], keys, values, 0, t)), t
+
+
+def test_keys_a_query_does_not_see_add_nothing_even_nan():
+    keys, values = _cache(1, 2, 256, 128)
+    q = torch.randn(1, 12, 2, 128, generator=torch.Generator().manual_seed(4)).bfloat16()
+    bias = hidden_keys_bias(torch.tensor([[100, 101]]), 256)
+    clean = cpu_attention.attend(q, keys, values, bias, SCALE)
+    keys[:, :, 102:], values[:, :, 102:] = float("nan"), float("nan")
+    assert torch.equal(cpu_attention.attend(q, keys, values, bias, SCALE), clean)
+
+
+def test_it_is_attention():
+    """Within float32's rounding of the float64 softmax attention, grouped heads included."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 8, 4, 64, generator=gen)
+    keys, values = torch.randn(2, 2, 128, 64, generator=gen), torch.randn(2, 2, 128, 64, generator=gen)
+    positions = torch.tensor([[10, 11, 12, 13], [90, 91, 92, 93]])
+    bias = hidden_keys_bias(positions, 128)
+    got = cpu_attention.attend(q, keys, values, bias, SCALE)
+    scores = (q.double() * SCALE) @ keys.double().repeat_interleave(4, dim=1).transpose(-1, -2) + bias[:, 0].double()
+    want = scores.softmax(-1) @ values.double().repeat_interleave(4, dim=1)
+    assert (got.double() - want).abs().max() < 1e-5
+
+
+def test_the_build_without_avx512_gives_the_same_bits(tmp_path, monkeypatch):
+    """The intrinsics and the plain loops do the same operations in the same order."""
+    keys, values = _cache(4, 2, 512, 128)
+    queries = _queries(12, 128)
+    native = [inside for inside, _ in _mixed_forward(_c_attend, keys, values, queries, in_place=True)]
+    flags = tuple("-march=x86-64-v2" if f == "-march=native" else f for f in cpu_attention.FLAGS)
+    plain = cpu_attention.load(cpu_attention.build(shutil.which("gcc"), tmp_path, flags))
+    monkeypatch.setattr(cpu_attention, "kernel", lambda: plain)
+    again = [inside for inside, _ in _mixed_forward(_c_attend, keys, values, queries, in_place=True)]
+    assert all(torch.equal(a, b) for a, b in zip(native, again))
+
+
+def test_the_runner_path_takes_the_compiled_loop_and_checks_shapes():
+    keys, values = _cache(2, 2, 256, 128)
+    q = torch.randn(2, 12, 2, 128).bfloat16()
+    bias = hidden_keys_bias(torch.tensor([[50, 51], [70, 71]]), 128)
+    slots = torch.tensor([1, 0])
+    assert torch.equal(
+        invariant_attention(q, keys, values, bias, SCALE, slots=slots),
+        cpu_attention.attend(q, keys, values, bias, SCALE, slots),
+    )
+    with pytest.raises(ValueError, match="multiple of"):
+        invariant_attention(q[:, :, :1], keys, values, bias[..., :1, :], SCALE, slots=slots)
+
+
+@pytest.fixture
+def fresh_kernel():
+    cpu_attention.kernel.cache_clear()
+    yield
+    cpu_attention.kernel.cache_clear()
+
+
+def test_switched_off_or_without_a_compiler_the_torch_path_runs(fresh_kernel, monkeypatch, caplog, tmp_path):
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, "0")
+    assert cpu_attention.kernel() is None and not cpu_attention.supports(torch.zeros(1))
+    cpu_attention.kernel.cache_clear()
+    monkeypatch.delenv(cpu_attention.ENV_SWITCH)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with caplog.at_level(logging.WARNING, logger="specdec.core.cpu_attention"):
+        assert cpu_attention.kernel() is None
+    assert "torch ops instead" in caplog.text
+
+
+def test_a_failed_build_says_why_and_leaves_nothing(tmp_path):
+    with pytest.raises(cpu_attention.KernelBuildError, match="could not build"):
+        cpu_attention.build(shutil.which("gcc"), tmp_path, ("-fno-such-flag", "-shared"))
+    assert list(tmp_path.iterdir()) == []
