@@ -37,22 +37,23 @@ lint: dev
 	$(BIN)/lint-imports
 
 # tests/e2e/test_ray_up.py runs sshd, ssh, ssh-keygen, rsync, ip and unshare; the alert rules' and
-# the scrape test run promtool and prometheus (each skips, saying why, without them). As root,
+# the scrape test run promtool and prometheus; the CPU attention kernel is built with gcc
+# (specdec/core/cpu_attention.py; each skips, saying why, without them). As root,
 # apt-get installs what is missing, once; the ssh and prometheus services the packages enable are
 # turned off again (the tests start their own sshd in a private network namespace, their own
 # prometheus on a free port). Whatever is still missing afterwards fails the target, naming it, so
 # that no test can be skipped unnoticed.
 sysdeps:
 	@missing() { m=""; [ -x /usr/sbin/sshd ] || m=" sshd"; \
-		for t in ssh ssh-keygen rsync ip unshare promtool prometheus; do command -v $$t >/dev/null || m="$$m $$t"; done; \
+		for t in ssh ssh-keygen rsync ip unshare promtool prometheus gcc; do command -v $$t >/dev/null || m="$$m $$t"; done; \
 		echo "$$m"; }; \
 	miss=$$(missing); [ -z "$$miss" ] && exit 0; \
 	pkgs=""; for t in $$miss; do \
 		case $$t in sshd) p=openssh-server;; ssh|ssh-keygen) p=openssh-client;; ip) p=iproute2;; unshare) p=util-linux;; \
-			promtool|prometheus) p=prometheus;; *) p=$$t;; esac; \
+			promtool|prometheus) p=prometheus;; gcc) p="gcc libc6-dev";; *) p=$$t;; esac; \
 		case "$$pkgs " in *" $$p "*) ;; *) pkgs="$$pkgs $$p";; esac; done; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "apt-get install$$pkgs (for tests/e2e/test_ray_up.py and the Prometheus tests)"; \
+		echo "apt-get install$$pkgs (for tests/e2e/test_ray_up.py, the Prometheus tests and the CPU attention kernel)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$pkgs >/dev/null; \
 		if echo "$$pkgs" | grep -q openssh-server && command -v systemctl >/dev/null; then \
 			systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true; fi; \
@@ -62,7 +63,7 @@ sysdeps:
 		miss=$$(missing); \
 	fi; \
 	if [ -n "$$miss" ]; then \
-		echo "make sysdeps: missing:$$miss (needed by tests/e2e/test_ray_up.py and the Prometheus tests; as root with apt-get: apt-get install$$pkgs)" >&2; \
+		echo "make sysdeps: missing:$$miss (needed by tests/e2e/test_ray_up.py, the Prometheus tests and the CPU attention kernel; as root with apt-get: apt-get install$$pkgs)" >&2; \
 		exit 1; fi
 
 test: lint sysdeps
