@@ -121,9 +121,11 @@ def attend(
     batch, heads, width, dim = q.shape
     kv_heads, span = keys.shape[1], bias.shape[-1]
     qf = (q.float() * scale).contiguous()
-    bf16 = keys.dtype == torch.bfloat16 and values.dtype == torch.bfloat16
-    if not bf16:  # float32 as it is; float16 widened (exactly)
-        keys, values = keys.float(), values.float()
+    if keys.dtype not in (torch.bfloat16, torch.float32) or values.dtype != keys.dtype:
+        if slots is not None:  # the rows read, not the whole cache
+            keys, values, slots = keys[slots, :, :span], values[slots, :, :span], None
+        keys, values = keys.float(), values.float()  # float16 widened exactly
+    bf16 = keys.dtype == torch.bfloat16
     if keys.stride(-1) != 1:
         keys = keys.contiguous()
     if values.stride(-1) != 1:

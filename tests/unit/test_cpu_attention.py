@@ -125,6 +125,17 @@ def test_keys_a_query_does_not_see_add_nothing_even_nan():
     assert torch.equal(cpu_attention.attend(q, keys, values, bias, SCALE), clean)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_other_cache_dtypes_get_the_bits_of_their_rows_alone(dtype):
+    keys, values = (t.to(dtype) for t in _cache(3, 2, 256, 64))
+    q = torch.randn(2, 8, 1, 64, generator=torch.Generator().manual_seed(6)).to(dtype)
+    bias = hidden_keys_bias(torch.tensor([[100], [30]]), 128)
+    both = cpu_attention.attend(q, keys, values, bias, SCALE, torch.tensor([2, 0]))
+    assert both.dtype == dtype
+    assert torch.equal(both[0, :, 0], _alone(_c_attend, q[0, :, 0], keys, values, 2, 100))
+    assert torch.equal(both[1, :, 0], _alone(_c_attend, q[1, :, 0], keys, values, 0, 30))
+
+
 def test_it_is_attention():
     """Within float32's rounding of the float64 softmax attention, grouped heads included."""
     gen = torch.Generator().manual_seed(5)
