@@ -148,7 +148,7 @@ def invariant_attention(
     (H // Hkv) * T to be a multiple of MIN_GEMM_ROWS (see `query_width`).
 
     On a CPU, the compiled loop of specdec/core/cpu_attention.c where it can be built: its own fixed
-    order of arithmetic, the cache read in place, several times faster than torch's ops there
+    order of arithmetic, the cache read in place, 1.3-2.5x faster than torch's ops there
     (docs/results.md, "The CPU engine"). Elsewhere `invariant_attention_torch`, the slots' keys
     gathered first. A process takes one of the two for all its forwards."""
     span = bias.shape[-1]

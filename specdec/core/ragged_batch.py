@@ -72,6 +72,15 @@ class RaggedBatch:
             index=index,
         )
 
+    @property
+    def query_positions(self) -> torch.Tensor:
+        """`positions` with the padding past each row's end at -1: a query that sees no key, which
+        the invariant attention skips (its output is never read)."""
+        if self.index is None:
+            return self.positions
+        ends = self.positions[:, :1] + self.lens_t[:, None]
+        return self.positions.masked_fill(self.positions >= ends, -1)
+
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """[B, width, ...] -> [n, ...]: the real tokens, row after row."""
         flat = x.reshape(len(self.slots) * self.width, *x.shape[2:])

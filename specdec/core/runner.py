@@ -341,7 +341,7 @@ class ModelRunner:
         positions = torch.zeros(rows, dtype=torch.long, device=dev)
         positions[:n] = batch.pack(batch.positions)
         write_slot = batch.slot_t.repeat_interleave(batch.lens_t)
-        bias = hidden_keys_bias(batch.positions, padded_span(batch.span)) if invariant else None
+        bias = hidden_keys_bias(batch.query_positions, padded_span(batch.span)) if invariant else None
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.k_cache[i][write_slot, :, positions[:n]] = k[:n]
