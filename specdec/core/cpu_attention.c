@@ -148,9 +148,8 @@ static void add_values(const float *w, int lanes, const int32_t *seen, int count
 /* q: [batch, heads, width, dim] float32, already scaled; keys, values: bfloat16 (bf16 = 1) or float32,
  * element (b, h, s, d) at rows[b] + h * sh + s * ss + d (rows: each batch row's first element, so
  * the rows can be slots of a cache read in place); bias: [batch, width, span] float32, 0 where a
- * key is visible; out: [batch, heads, width, dim] float32. Head h reads kv head h / (heads / kv_heads);
- * dim is a multiple of 16. A query that sees no key gets zeros. Returns 0, or -1 if a buffer could not
- * be allocated. */
+ * key is visible; out: [batch, heads, width, dim] float32. Head h reads kv head h / (heads / kv_heads).
+ * A query that sees no key gets zeros. Returns 0, or -1 if a buffer could not be allocated. */
 int invariant_attention(const float *q, const void *keys, const void *values, int bf16, const int64_t *krows,
                         int64_t ksh, int64_t kss, const int64_t *vrows, int64_t vsh, int64_t vss, const float *bias,
                         float *out, int batch, int heads, int kv_heads, int width, int span, int dim) {
