@@ -96,10 +96,13 @@ def kernel() -> ctypes.CDLL | None:
         log.warning("no C compiler: the CPU attention runs as torch ops (slower)")
         return None
     try:
-        return load(build(compiler, cache_root() / "kernels"))
+        path = build(compiler, cache_root() / "kernels")
+        lib = load(path)
     except (KernelBuildError, OSError) as exc:
         log.warning("the CPU attention kernel is not available, torch ops instead: %s", exc)
         return None
+    log.info("the CPU attention runs compiled: %s", path)
+    return lib
 
 
 def supports(q: torch.Tensor) -> bool:

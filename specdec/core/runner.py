@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.core import cpu_attention
 from specdec.core.attention import (
     CPU_GEMM_BLOCK,
     CUDA_GEMM_BLOCK,
@@ -187,6 +188,8 @@ class ModelRunner:
             self.pack_weights()
         else:
             self._check_padding_rule()
+        if self.device.type == "cpu" and self.invariant_numerics:
+            cpu_attention.kernel()  # built (or found) at start-up, not in a request's first forward
         if static_shapes is None:
             static_shapes = self.device.type == "cuda"
         self.static: StaticSteps | None = None

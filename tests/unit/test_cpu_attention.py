@@ -19,6 +19,8 @@ import torch.nn.functional as F
 
 from specdec.core import cpu_attention
 from specdec.core.attention import hidden_keys_bias, invariant_attention, padded_span
+from specdec.core.runner import ModelRunner
+from tests.conftest import load_hf
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs a C compiler (gcc)")
 
@@ -197,3 +199,15 @@ def test_a_failed_build_says_why_and_leaves_nothing(tmp_path):
     with pytest.raises(cpu_attention.KernelBuildError, match="could not build"):
         cpu_attention.build(shutil.which("gcc"), tmp_path, ("-fno-such-flag", "-shared"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cpu_runner_builds_the_kernel_at_start(fresh_kernel, tiny_paths, caplog):
+    """Built (or found in the cache) when a CPU runner with the invariant forward is made, not in its
+    first request's forward; the log says which attention the process runs."""
+    model = load_hf(tiny_paths["llama"], dtype=torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="specdec.core.cpu_attention"):
+        ModelRunner(model, num_slots=1, max_len=32, invariant_numerics=False)
+        assert cpu_attention.kernel.cache_info().currsize == 0
+        ModelRunner(model, num_slots=1, max_len=32)
+    assert cpu_attention.kernel.cache_info().currsize == 1
+    assert "the CPU attention runs compiled" in caplog.text
