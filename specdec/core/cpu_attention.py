@@ -16,93 +16,40 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from specdec.core.packs import cache_root
-
-log = logging.getLogger(__name__)
+from specdec.core.cpu_build import ENV_SWITCH, FLAGS, KernelBuildError, library
+from specdec.core.cpu_build import build as build_source
 
 SOURCE = Path(__file__).with_name("cpu_attention.c")
-# The order of arithmetic is the source's: no contraction of a*b+c the source does not write (the
-# rest is explained in cpu_attention.c). -march=native: built on the machine that runs it.
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
-FLAGS += ("-fopenmp", "-shared", "-fPIC")
-ENV_SWITCH = "SPECDEC_CPU_KERNELS"
 
-
-class KernelBuildError(RuntimeError):
-    pass
-
-
-def _cpu_id() -> str:
-    """What -march=native compiles for: the CPU's model and flags."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(lines)))
+__all__ = ["ENV_SWITCH", "FLAGS", "KernelBuildError", "attend", "build", "kernel", "load", "supports"]
 
 
 def build(compiler: str, out_dir: Path, flags: tuple[str, ...] = FLAGS) -> Path:
-    """Compile cpu_attention.c with `compiler` into `out_dir` (once: the name holds a hash of the
-    source, compiler, flags and CPU); return the library's path."""
-    source = SOURCE.read_bytes()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(flags).encode(), _cpu_id().encode()]))
-    path = out_dir / f"cpu_attention-{key.hexdigest()[:16]}.so"
-    if path.exists():
-        return path
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # Built beside its final name and moved there in one step: processes starting together each
-    # build their own copy, and none loads a half-written one.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        done = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise KernelBuildError(f"{compiler} could not build {SOURCE.name}: {done.stderr.strip()[-2000:]}")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+    """cpu_attention.c compiled (specdec/core/cpu_build.py); the library's path."""
+    return build_source(SOURCE, compiler, out_dir, flags)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.invariant_attention.restype = i32
+    lib.invariant_attention.argtypes = [pointer] * 3 + [i32] + [pointer, i64, i64] * 2 + [pointer] * 2 + [i32] * 6
 
 
 def load(path: Path) -> ctypes.CDLL:
     """The built library with its function's signature declared."""
     lib = ctypes.CDLL(str(path))
-    pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.invariant_attention.restype = i32
-    lib.invariant_attention.argtypes = [pointer] * 3 + [i32] + [pointer, i64, i64] * 2 + [pointer] * 2 + [i32] * 6
+    _declare(lib)
     return lib
 
 
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled library, or None: switched off, no compiler, or a build that failed (logged)."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        return None
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        log.warning("no C compiler: the CPU attention runs as torch ops (slower)")
-        return None
-    try:
-        path = build(compiler, cache_root() / "kernels")
-        lib = load(path)
-    except (KernelBuildError, OSError) as exc:
-        log.warning("the CPU attention kernel is not available, torch ops instead: %s", exc)
-        return None
-    log.info("the CPU attention runs compiled: %s", path)
-    return lib
+    return library(SOURCE, _declare, "attention")
 
 
 def supports(q: torch.Tensor) -> bool:

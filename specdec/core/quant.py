@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.core import cpu_gemm
 from specdec.core.packed import PackedWeight, packed_linear
 
 # The int8 kernel pays off for decode-sized inputs only; a prefill (many rows) is faster on the
@@ -40,12 +41,12 @@ def linear(
     x: torch.Tensor, w: torch.Tensor | Int8Weight | PackedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
-        return F.linear(x, w, bias)
+        return cpu_gemm.linear(x, w, bias) if cpu_gemm.takes(w) else F.linear(x, w, bias)
     if isinstance(w, PackedWeight):
         return packed_linear(x, w, bias)
     flat = x.reshape(-1, x.shape[-1])
     if flat.shape[0] > INT8_MAX_ROWS:
-        return F.linear(x, w.dense, bias)
+        return linear(x, w.dense, bias)
     if not flat.is_contiguous():
         flat = flat.contiguous()
     out = torch.ops.aten._weight_int8pack_mm(flat, w.q, w.scale).view(*x.shape[:-1], w.q.shape[0])

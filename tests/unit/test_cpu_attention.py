@@ -190,7 +190,7 @@ def test_switched_off_or_without_a_compiler_the_torch_path_runs(fresh_kernel, mo
     monkeypatch.delenv(cpu_attention.ENV_SWITCH)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    with caplog.at_level(logging.WARNING, logger="specdec.core.cpu_attention"):
+    with caplog.at_level(logging.WARNING, logger="specdec.core.cpu_build"):
         assert cpu_attention.kernel() is None
     assert "torch ops instead" in caplog.text
 
@@ -205,9 +205,9 @@ def test_a_cpu_runner_builds_the_kernel_at_start(fresh_kernel, tiny_paths, caplo
     """Built (or found in the cache) when a CPU runner with the invariant forward is made, not in its
     first request's forward; the log says which attention the process runs."""
     model = load_hf(tiny_paths["llama"], dtype=torch.bfloat16)
-    with caplog.at_level(logging.INFO, logger="specdec.core.cpu_attention"):
+    with caplog.at_level(logging.INFO, logger="specdec.core.cpu_build"):
         ModelRunner(model, num_slots=1, max_len=32, invariant_numerics=False)
         assert cpu_attention.kernel.cache_info().currsize == 0
         ModelRunner(model, num_slots=1, max_len=32)
     assert cpu_attention.kernel.cache_info().currsize == 1
-    assert "the CPU attention runs compiled" in caplog.text
+    assert "the CPU's attention runs compiled" in caplog.text
