@@ -2,7 +2,7 @@
  *
  * Where the CPU has no bf16 dot product (no avx512_bf16 or AMX), torch's bf16 GEMM falls back to a
  * reference loop: a 128-token prefill of Qwen2.5-1.5B took 19 s on a 2-core AVX2 EPYC, against
- * 3.6 s for the same forward in float32 (docs/results.md, "CPUs without bfloat16 instructions").
+ * 3.6-4.9 s for the same forward in float32 (docs/results.md, "CPUs without bfloat16 instructions").
  * This loop reads the weights as they are (two bytes each, widened to float32 in registers, exactly)
  * and multiplies in float32.
  *
