@@ -68,7 +68,7 @@ sysdeps:
 
 test: lint sysdeps
 	$(BIN)/specdec models prepare smollm2-135m-instruct
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --durations=15 tests
 
 # The opt-in tests (marked slow): the Qwen pair's lossless test, pool scaling, timing bounds.
 test-slow: dev

@@ -6,10 +6,9 @@ reads the cache's bfloat16 rows directly, skips the keys a query does not see, a
 arithmetic itself, so a row's result depends on nothing else in the forward by construction
 (docs/design.md, invariant 2), with no padding rule to rely on.
 
-The library is compiled once per source, compiler and CPU into ``$SPECDEC_CACHE/kernels`` with the
-machine's own instruction set (-march=native) and torch's OpenMP runtime (the process's one thread
-pool). Without a C compiler, or with ``SPECDEC_CPU_KERNELS=0``, `kernel` is None and the caller keeps
-torch's path; one process always uses one of the two, so its outputs stay self-consistent.
+Built and cached by specdec/core/cpu_build.py. Without a C compiler, or with
+``SPECDEC_CPU_KERNELS=0``, `kernel` is None and the caller keeps torch's path; one process always
+uses one of the two, so its outputs stay self-consistent.
 """
 
 from __future__ import annotations
