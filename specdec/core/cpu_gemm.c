@@ -16,7 +16,8 @@
  * tests/unit/test_cpu_gemm.py).
  *
  * Tiles: ROWS rows of x by COLS rows of w share their loads (each weight vector widened once serves
- * ROWS rows); threads take groups of column tiles, and a group meets x one row tile at a time. Built by specdec/core/cpu_gemm.py with -ffp-contract=off.
+ * ROWS rows); threads take groups of column tiles, and a group meets x one row tile at a time.
+ * Built by specdec/core/cpu_build.py with -ffp-contract=off.
  */
 #include <math.h>
 #include <stdint.h>
