@@ -19,36 +19,23 @@ from pathlib import Path
 
 import torch
 
-from specdec.core.cpu_build import ENV_SWITCH, FLAGS, KernelBuildError, library
-from specdec.core.cpu_build import build as build_source
+from specdec.core.cpu_build import library
 
 SOURCE = Path(__file__).with_name("cpu_attention.c")
 
-__all__ = ["ENV_SWITCH", "FLAGS", "KernelBuildError", "attend", "build", "kernel", "load", "supports"]
+__all__ = ["SOURCE", "attend", "declare", "kernel", "supports"]
 
 
-def build(compiler: str, out_dir: Path, flags: tuple[str, ...] = FLAGS) -> Path:
-    """cpu_attention.c compiled (specdec/core/cpu_build.py); the library's path."""
-    return build_source(SOURCE, compiler, out_dir, flags)
-
-
-def _declare(lib: ctypes.CDLL) -> None:
+def declare(lib: ctypes.CDLL) -> None:
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.invariant_attention.restype = i32
     lib.invariant_attention.argtypes = [pointer] * 3 + [i32] + [pointer, i64, i64] * 2 + [pointer] * 2 + [i32] * 6
 
 
-def load(path: Path) -> ctypes.CDLL:
-    """The built library with its function's signature declared."""
-    lib = ctypes.CDLL(str(path))
-    _declare(lib)
-    return lib
-
-
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled library, or None: switched off, no compiler, or a build that failed (logged)."""
-    return library(SOURCE, _declare, "attention")
+    return library(SOURCE, declare, "attention")
 
 
 def supports(q: torch.Tensor) -> bool:

@@ -68,6 +68,13 @@ def build(source: Path, compiler: str, out_dir: Path, flags: tuple[str, ...] = F
     return path
 
 
+def load(path: Path, declare: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL:
+    """A built library with its functions' signatures set by `declare`."""
+    lib = ctypes.CDLL(str(path))
+    declare(lib)
+    return lib
+
+
 def library(source: Path, declare: Callable[[ctypes.CDLL], None], what: str) -> ctypes.CDLL | None:
     """`source` built (or found) and loaded, its signatures set by `declare`; None when switched off,
     without a compiler, or when the build fails (logged, naming `what` runs as torch ops instead)."""
@@ -79,8 +86,7 @@ def library(source: Path, declare: Callable[[ctypes.CDLL], None], what: str) -> 
         return None
     try:
         path = build(source, compiler, cache_root() / "kernels")
-        lib = ctypes.CDLL(str(path))
-        declare(lib)
+        lib = load(path, declare)
     except (KernelBuildError, OSError) as exc:
         log.warning("the CPU's compiled %s is not available, torch ops instead: %s", what, exc)
         return None

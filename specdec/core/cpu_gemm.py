@@ -32,7 +32,7 @@ def declare(lib: ctypes.CDLL) -> None:
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled library where this CPU needs it (no bf16 instructions), else None."""
-    if not torch.backends.mkldnn.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return None
     return library(SOURCE, declare, "bfloat16 GEMM")
 

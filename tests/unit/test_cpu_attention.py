@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.core import cpu_attention
+from specdec.core import cpu_attention, cpu_build
 from specdec.core.attention import hidden_keys_bias, invariant_attention, padded_span
 from specdec.core.runner import ModelRunner
 from tests.conftest import load_hf
@@ -156,8 +156,9 @@ def test_the_build_without_avx512_gives_the_same_bits(tmp_path, monkeypatch):
     keys, values = _cache(4, 2, 512, 128)
     queries = _queries(12, 128)
     native = [inside for inside, _ in _mixed_forward(_c_attend, keys, values, queries, in_place=True)]
-    flags = tuple("-march=x86-64-v2" if f == "-march=native" else f for f in cpu_attention.FLAGS)
-    plain = cpu_attention.load(cpu_attention.build(shutil.which("gcc"), tmp_path, flags))
+    flags = tuple("-march=x86-64-v2" if f == "-march=native" else f for f in cpu_build.FLAGS)
+    source = cpu_build.build(cpu_attention.SOURCE, shutil.which("gcc"), tmp_path, flags)
+    plain = cpu_build.load(source, cpu_attention.declare)
     monkeypatch.setattr(cpu_attention, "kernel", lambda: plain)
     again = [inside for inside, _ in _mixed_forward(_c_attend, keys, values, queries, in_place=True)]
     assert all(torch.equal(a, b) for a, b in zip(native, again))
@@ -184,10 +185,10 @@ def fresh_kernel():
 
 
 def test_switched_off_or_without_a_compiler_the_torch_path_runs(fresh_kernel, monkeypatch, caplog, tmp_path):
-    monkeypatch.setenv(cpu_attention.ENV_SWITCH, "0")
+    monkeypatch.setenv(cpu_build.ENV_SWITCH, "0")
     assert cpu_attention.kernel() is None and not cpu_attention.supports(torch.zeros(1))
     cpu_attention.kernel.cache_clear()
-    monkeypatch.delenv(cpu_attention.ENV_SWITCH)
+    monkeypatch.delenv(cpu_build.ENV_SWITCH)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with caplog.at_level(logging.WARNING, logger="specdec.core.cpu_build"):
@@ -196,8 +197,8 @@ def test_switched_off_or_without_a_compiler_the_torch_path_runs(fresh_kernel, mo
 
 
 def test_a_failed_build_says_why_and_leaves_nothing(tmp_path):
-    with pytest.raises(cpu_attention.KernelBuildError, match="could not build"):
-        cpu_attention.build(shutil.which("gcc"), tmp_path, ("-fno-such-flag", "-shared"))
+    with pytest.raises(cpu_build.KernelBuildError, match="could not build"):
+        cpu_build.build(cpu_attention.SOURCE, shutil.which("gcc"), tmp_path, ("-fno-such-flag", "-shared"))
     assert list(tmp_path.iterdir()) == []
 
 

@@ -24,9 +24,7 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs a C c
 
 
 def _build(tmp_path, flags: tuple[str, ...] = cpu_build.FLAGS) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(cpu_build.build(cpu_gemm.SOURCE, shutil.which("gcc"), tmp_path, flags)))
-    cpu_gemm.declare(lib)
-    return lib
+    return cpu_build.load(cpu_build.build(cpu_gemm.SOURCE, shutil.which("gcc"), tmp_path, flags), cpu_gemm.declare)
 
 
 @pytest.fixture(scope="module")
