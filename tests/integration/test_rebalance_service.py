@@ -65,6 +65,14 @@ class Cluster:
             assert time.monotonic() < t_end, f"slots not freed: {slots}"
             time.sleep(0.1)
 
+    def jobs_by_drafter(self) -> dict[str, int]:
+        """How many requests draft on each drafter, read in the router's own thread."""
+
+        async def read() -> dict[str, int]:
+            return {v.name: v.jobs for v in self.router.router.pool.views()}
+
+        return self.router.run(read(), timeout=30)
+
     def drafted(self) -> dict[str, float]:
         return {f"draft-{i}": self.metric("specdec_draft_sequences_total", {"worker": f"draft-{i}"}) for i in (0, 1)}
 
@@ -229,28 +237,22 @@ def test_a_slowed_drafter_loses_its_drafts_to_the_fast_one(cluster, engine):
     slow = cluster.drafts[i]
     ray.get(slow.set_bench_step_delay.remote(0.05), timeout=30)  # each draft step 50 ms slower
     t_slow = time.monotonic()
-    # reaction: from the slowdown until the slow drafter stops getting drafts: a second of drafts
-    # all on the fast one, or 100 sequences in a row there (on a fast machine the load can end
-    # within a second of the shift: the AMX VM drafted ~500 sequences a second here). Only a draft
-    # on the slow drafter ends a quiet spell: on a loaded machine a round can take longer than a
-    # poll, and a poll that sees no new draft anywhere says nothing about the shift.
-    last, quiet_since, reaction = cluster.drafted(), None, None
+    # the shift, as the router's pool sees it: no request drafts on the slow drafter any more while
+    # requests still draft on the fast one. (Counting drafts for a quiet spell instead raced the end
+    # of the load: on a fast machine the moved requests finished within the spell.) A slowed round
+    # takes k x 50 ms, so the requests left on it cannot finish before the rebalancer moves them.
+    reaction, seen = None, []
     while runner.is_alive() and time.monotonic() - t_slow < 60:
-        time.sleep(0.05)
-        now = cluster.drafted()
-        if now[slow_name] != last[slow_name]:
-            quiet_since = None
-        elif quiet_since is None:
-            if now[fast_name] > last[fast_name]:
-                quiet_since, fast_at_quiet = time.monotonic(), last[fast_name]
-        elif time.monotonic() - quiet_since >= 1.0 or now[fast_name] - fast_at_quiet >= 100:
-            reaction = quiet_since - t_slow
+        jobs = cluster.jobs_by_drafter()
+        seen.append((round(time.monotonic() - t_slow, 2), jobs, cluster.drafted()))
+        if jobs[slow_name] == 0 and jobs[fast_name] > 0:
+            reaction = time.monotonic() - t_slow
             break
-        last = now
+        time.sleep(0.05)
     at_shift = cluster.drafted()
     runner.join(300)
     ray.get(slow.set_bench_step_delay.remote(0.0), timeout=30)
-    assert reaction is not None, "drafts never shifted to the fast drafter"
+    assert reaction is not None, f"drafts never shifted to the fast drafter: {seen[:5]} ... {seen[-5:]}"
     print(f"drafts shifted from {slow_name} {reaction:.2f} s after the slowdown")
     end = cluster.drafted()
     fast_share = (end[fast_name] - at_shift[fast_name]) / max(1.0, sum(end.values()) - sum(at_shift.values()))
