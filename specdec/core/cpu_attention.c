@@ -13,8 +13,8 @@
  * The work goes in tasks: up to POSITIONS query positions of one row with all the heads that share
  * one kv head. The task's queries are the vector lanes of the score loop (each key row is converted
  * to float32 once and read by all of them); the head dimension is the lanes of the value loop. With
- * AVX-512 those loops are written in its intrinsics, elsewhere as plain loops: the same operations in
- * the same order, so the same bits (a test builds both and compares them).
+ * AVX-512, or AVX2 and FMA, those loops are written in its intrinsics, elsewhere as plain loops: the
+ * same operations in the same order, so the same bits (a test builds each and compares them).
  * Built by specdec/core/cpu_attention.py with -ffp-contract=off (the compiler fuses no multiply and
  * add on its own; where a fused one is wanted it is written, fmaf) and -fno-trapping-math (which lets
  * it vectorise exp_nonpositive; it changes no value).
@@ -23,7 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -97,6 +97,30 @@ SCORE_LOOP(1)
 SCORE_LOOP(2)
 SCORE_LOOP(3)
 SCORE_LOOP(4)
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 has 16 registers of 8 lanes: NV vectors of queries against NK keys at a time (NK * NV
+ * accumulators), the KEYS keys in KEYS / NK passes. Each score is still its own left fold over d. */
+#define SCORE_LOOP(NV, NK)                                                                                   \
+    static void scores_##NV(const float *qT, const float *keys, int dim, float *scores) {                  \
+        for (int k0 = 0; k0 < KEYS; k0 += NK) {                                                              \
+            __m256 acc[NK][NV];                                                                              \
+            for (int k = 0; k < NK; k++)                                                                     \
+                for (int v = 0; v < NV; v++) acc[k][v] = _mm256_setzero_ps();                                \
+            for (int d = 0; d < dim; d++) {                                                                  \
+                for (int k = 0; k < NK; k++) {                                                               \
+                    const __m256 x = _mm256_set1_ps(keys[(k0 + k) * dim + d]);                               \
+                    for (int v = 0; v < NV; v++)                                                             \
+                        acc[k][v] = _mm256_fmadd_ps(_mm256_loadu_ps(qT + (int64_t)d * NV * 8 + v * 8), x, acc[k][v]); \
+                }                                                                                            \
+            }                                                                                                \
+            for (int k = 0; k < NK; k++)                                                                     \
+                for (int v = 0; v < NV; v++) _mm256_storeu_ps(scores + ((k0 + k) * NV + v) * 8, acc[k][v]);   \
+        }                                                                                                    \
+    }
+SCORE_LOOP(2, 4)
+SCORE_LOOP(4, 2)
+SCORE_LOOP(6, 2)
+SCORE_LOOP(8, 1)
 #endif
 
 static void score_keys(const float *qT, const float *keys, int dim, int lanes, float *scores) {
@@ -106,6 +130,13 @@ static void score_keys(const float *qT, const float *keys, int dim, int lanes, f
     case 2: scores_2(qT, keys, dim, scores); return;
     case 3: scores_3(qT, keys, dim, scores); return;
     case 4: scores_4(qT, keys, dim, scores); return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    switch (lanes / 8) {
+    case 2: scores_2(qT, keys, dim, scores); return;
+    case 4: scores_4(qT, keys, dim, scores); return;
+    case 6: scores_6(qT, keys, dim, scores); return;
+    case 8: scores_8(qT, keys, dim, scores); return;
     }
 #endif
     for (int k = 0; k < KEYS; k++)
@@ -135,6 +166,21 @@ static void add_values(const float *w, int lanes, const int32_t *seen, int count
                 for (int c = 0; c < 4; c++) acc[c] = _mm512_fmadd_ps(wi, _mm512_loadu_ps(v + c * LANES), acc[c]);
         }
         for (int c = 0; c < chunks; c++) _mm512_storeu_ps(out + c * LANES, acc[c]);
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (dim % 64 == 0) { /* 64 elements (8 registers) at a time; each element's fold over i is unchanged */
+        for (int c0 = 0; c0 < dim; c0 += 64) {
+            __m256 acc[8];
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_loadu_ps(out + c0 + c * 8);
+            for (int i = 0; i < count; i++) {
+                if (!seen[(int64_t)i * lanes]) continue;
+                const __m256 wi = _mm256_set1_ps(w[(int64_t)i * lanes]);
+                const float *v = values + (int64_t)i * dim + c0;
+                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(v + c * 8), acc[c]);
+            }
+            for (int c = 0; c < 8; c++) _mm256_storeu_ps(out + c0 + c * 8, acc[c]);
+        }
         return;
     }
 #endif

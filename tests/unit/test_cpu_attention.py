@@ -4,8 +4,9 @@ in any forward, and is attention.
 A query is compared alone (one position, one row, the shortest span) with the same query inside
 forwards that differ in everything else: a batch of rows at other lengths, a verify's or a prefill
 chunk's width (several of the loop's tasks), a longer padded span, the cache read in place by slot
-against gathered rows, one thread against two, and the library built without AVX-512 (its plain
-loops). torch's SDPA fails the same comparison, so it can fail (docs/design.md, invariant 2).
+against gathered rows, one thread against two, and the library built for each instruction set
+(AVX-512, AVX2 and FMA, plain loops). torch's SDPA fails the same comparison, so it can fail
+(docs/design.md, invariant 2).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from specdec.core import cpu_attention, cpu_build
 from specdec.core.attention import hidden_keys_bias, invariant_attention, padded_span
 from specdec.core.runner import ModelRunner
-from tests.conftest import load_hf
+from tests.conftest import load_hf, skip_for_environment
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs a C compiler (gcc)")
 
@@ -151,15 +152,25 @@ def test_it_is_attention():
     assert (got.double() - want).abs().max() < 1e-5
 
 
-def test_the_build_without_avx512_gives_the_same_bits(tmp_path, monkeypatch):
+def _cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+
+
+# x86-64-v2: the plain loops; x86-64-v3: the AVX2 and FMA intrinsics (where the CPU runs them);
+# native: AVX-512's where the CPU has it, else AVX2's again.
+@pytest.mark.parametrize("march", ["x86-64-v2", "x86-64-v3"])
+def test_each_instruction_set_gives_the_same_bits(tmp_path, monkeypatch, march):
     """The intrinsics and the plain loops do the same operations in the same order."""
+    if march == "x86-64-v3" and not {"avx2", "fma"} <= _cpu_flags():
+        skip_for_environment("the CPU has no AVX2 and FMA: the v3 build cannot run here")
     keys, values = _cache(4, 2, 512, 128)
     queries = _queries(12, 128)
     native = [inside for inside, _ in _mixed_forward(_c_attend, keys, values, queries, in_place=True)]
-    flags = tuple("-march=x86-64-v2" if f == "-march=native" else f for f in cpu_build.FLAGS)
+    flags = tuple(f"-march={march}" if f == "-march=native" else f for f in cpu_build.FLAGS)
     source = cpu_build.build(cpu_attention.SOURCE, shutil.which("gcc"), tmp_path, flags)
-    plain = cpu_build.load(source, cpu_attention.declare)
-    monkeypatch.setattr(cpu_attention, "kernel", lambda: plain)
+    other = cpu_build.load(source, cpu_attention.declare)
+    monkeypatch.setattr(cpu_attention, "kernel", lambda: other)
     again = [inside for inside, _ in _mixed_forward(_c_attend, keys, values, queries, in_place=True)]
     assert all(torch.equal(a, b) for a, b in zip(native, again))
 
