@@ -66,9 +66,13 @@ sysdeps:
 		echo "make sysdeps: missing:$$miss (needed by tests/e2e/test_ray_up.py, the Prometheus tests and the CPU attention kernel; as root with apt-get: apt-get install$$pkgs)" >&2; \
 		exit 1; fi
 
+# The unit tests in two processes (each on one torch thread, tests/conftest.py; a module stays in
+# one process, so its fixtures load once); then the integration and end-to-end tests one at a time:
+# they start services and clusters whose timeouts assume the machine is theirs.
 test: lint sysdeps
 	$(BIN)/specdec models prepare smollm2-135m-instruct
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --durations=15 tests
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --durations=10 -n 2 --dist loadfile tests/unit
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --durations=10 tests/integration tests/e2e
 
 # The opt-in tests (marked slow): the Qwen pair's lossless test, pool scaling, timing bounds.
 test-slow: dev
