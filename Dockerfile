@@ -36,6 +36,14 @@ COPY . src/
 # hadolint ignore=DL3013
 RUN pip install --no-deps ./src
 
+# The CPU loops (specdec/core/*.c) prebuilt for each x86-64 level into the venv: the runtime has no
+# compiler, and loads the level its CPU runs (specdec/core/cpu_build.py). gcc in this stage only.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && python -m specdec.core.cpu_build /opt/venv/share/specdec/kernels
+
 # --------------------------------------------------------------------------- runtime
 FROM ${BASE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -45,6 +53,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     SPECDEC_CACHE=/models \
+    SPECDEC_PREBUILT_KERNELS=/opt/venv/share/specdec/kernels \
     HF_HUB_OFFLINE=1
 
 # The venv stays root's: read-only to the runtime user (pack wheels go to the model cache,

@@ -9,6 +9,8 @@ The rules (no Docker daemon needed: the file is linted and its structure checked
 * the runtime runs as a non-root user and does not own the venv (read-only at run time: packs are
   installed into the models volume, not the venv), and installs no build tools: rsync and an ssh
   client only, which `ray up` with a `docker:` section needs in the container;
+* the builder prebuilds the CPU loops into the venv (`python -m specdec.core.cpu_build DIR`, after
+  the package), and the runtime names DIR in SPECDEC_PREBUILT_KERNELS (it has no compiler);
 * no model weights in any layer.
 """
 
@@ -73,6 +75,13 @@ def check_image_rules(text: str) -> None:
     assert deps_install and deps_copy[0] < deps_install[0] < source_copy[0], "dependencies before the source"
     assert package_install and package_install[0] > source_copy[0], "the package (--no-deps) after the source"
 
+    prebuilt = [(i, m.group(1)) for i, a in runs if (m := re.search(r"python -m specdec\.core\.cpu_build (\S+)", a))]
+    assert prebuilt and prebuilt[0][0] > package_install[0], "the CPU loops prebuilt after the package"
+    assert prebuilt[0][1].startswith("/opt/venv/"), f"prebuilt into {prebuilt[0][1]}: the venv the runtime copies"
+    env = " ".join(a for k, a in runtime if k == "ENV")
+    named = re.search(r"SPECDEC_PREBUILT_KERNELS=(\S+)", env)
+    assert named and named.group(1) == prebuilt[0][1], f"the runtime's SPECDEC_PREBUILT_KERNELS: {named}"
+
     runtime_copies = [a for k, a in runtime if k == "COPY"]
     assert runtime_copies == [
         "--from=builder /opt/venv /opt/venv",
@@ -134,6 +143,11 @@ BROKEN_RULES = {
     ),
     "build tools at run time": ("rsync openssh-client", "rsync openssh-client gcc"),
     "no rsync for ray up": ("rsync openssh-client", "openssh-client"),
+    "no prebuilt CPU loops": ("    && python -m specdec.core.cpu_build /opt/venv/share/specdec/kernels\n", "\n"),
+    "prebuilt loops not named at run time": (
+        "SPECDEC_PREBUILT_KERNELS=/opt/venv/share/specdec/kernels",
+        "SPECDEC_PREBUILT_KERNELS=/opt/kernels",
+    ),
 }
 
 
