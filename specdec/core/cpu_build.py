@@ -134,13 +134,17 @@ def load(path: Path, declare: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL:
     return lib
 
 
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
 def library(source: Path, declare: Callable[[ctypes.CDLL], None], what: str) -> ctypes.CDLL | None:
     """`source` built (or found) and loaded, its signatures set by `declare`; without a compiler,
     the prebuilt one for this CPU (``SPECDEC_PREBUILT_KERNELS``); None when switched off or when
     neither is there (logged, naming `what` runs as torch ops instead)."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return None
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    compiler = _compiler()
     if compiler is None:
         return _load_prebuilt(source, declare, what)
     try:
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("out", type=Path, help="the directory SPECDEC_PREBUILT_KERNELS will name")
     args = p.parse_args(argv)
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    compiler = _compiler()
     if compiler is None:
         p.error("no C compiler (gcc or $CC)")
     if platform.machine() not in ("x86_64", "AMD64"):
