@@ -50,6 +50,11 @@ class KernelBuildError(RuntimeError):
     pass
 
 
+def flags_for(march: str) -> tuple[str, ...]:
+    """FLAGS for another instruction set than the machine's own (`-march=<march>`)."""
+    return tuple(f"-march={march}" if f == "-march=native" else f for f in FLAGS)
+
+
 def cpu_levels(flags: set[str] | None = None) -> list[str]:
     """The x86-64 levels this CPU runs (from its /proc/cpuinfo flags), best first; off x86-64, none."""
     if flags is None:
@@ -77,9 +82,8 @@ def prebuild(out_dir: Path, compiler: str, sources: tuple[Path, ...] = SOURCES) 
     built = []
     for source in sources:
         for level in LEVELS:
-            flags = tuple(f"-march={level}" if f == "-march=native" else f for f in FLAGS)
             with tempfile.TemporaryDirectory() as tmp:
-                path = build(source, compiler, Path(tmp), flags)
+                path = build(source, compiler, Path(tmp), flags_for(level))
                 built.append(Path(shutil.copy(path, out_dir / prebuilt_name(source, level))))
     return built
 
