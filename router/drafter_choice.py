@@ -13,7 +13,9 @@ requests draft, else to an idle drafter, else to a shared one (a round waits for
 requests use), and among those to the one with the most headroom (:func:`placement_cost`); only
 drafters a move would not take it away from at once count. A request stays on its drafter (its KV
 cache is there) unless that drafter is down (``failover``) or its measured cost is ``move_margin``
-times the best one's (``draft_move``), at most once per ``move_cooldown_s`` after a move.
+times the best one's (``draft_move``), at most once per ``move_cooldown_s`` after a move. The
+request's own drafter must have been measured lately (``stale_s``); the one it moves to may be
+idle, its last measurement standing until ``forget_s``.
 
 Plain functions: no I/O, no asyncio, the time is an argument. router/drafter_pool.py applies them
 (and measures the drafters with ``latency_weight``); the capacity simulator runs the same pool.
@@ -50,9 +52,12 @@ class DrafterChoiceConfig:
     """The router config's ``drafter_choice`` section.
 
     latency_weight: EWMA weight of each new round in a drafter's measured seconds per step.
-    stale_s / forget_s: requests move only between drafters measured within ``stale_s``; new
-      requests are placed by a drafter's last measurement until it is ``forget_s`` old, then by
-      the pool's median (a drafter that recovered meanwhile gets requests again).
+    stale_s / forget_s: a request moves off its drafter only on a measurement of it within
+      ``stale_s`` (its own rounds keep that fresh), and onto a drafter measured within
+      ``forget_s`` (an idle drafter is not measured again: its last figure stands until then, so
+      requests on a drafter that slowed can move to one that has nothing to do); new requests are
+      placed by a drafter's last measurement until it is ``forget_s`` old, then by the pool's
+      median (a drafter that recovered meanwhile gets requests again).
     move_margin / move_cooldown_s: a request moves off its drafter only when its cost is more than
       ``move_margin`` times the best drafter's, and at most once per ``move_cooldown_s``.
     util_weight / hot_utilization: a drafter's placement cost grows by ``util_weight`` x its device
@@ -212,7 +217,7 @@ def assign_drafter(
     if moved_at is not None and now - moved_at < cfg.move_cooldown_s:
         return Assignment(cur.name, "keep", "cooldown")
     c_cur = move_cost(cur, cfg)
-    measured = [(c, d) for d in roomy if d is not cur and (c := move_cost(d, cfg)) is not None]
+    measured = [(c, d) for d in roomy if d is not cur and (c := move_cost(d, cfg, cfg.forget_s)) is not None]
     if c_cur is None or not measured:
         return Assignment(cur.name, "keep", "not measured")
     c_best, target = min(measured, key=lambda x: (x[0], x[1].name))

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from router.drafter_choice import DrafterChoiceConfig, assign_drafter
+from router.drafter_choice import Assignment, DrafterChoiceConfig, assign_drafter
 from router.views import DrafterView
 
 CFG = DrafterChoiceConfig()
@@ -79,17 +79,22 @@ def test_a_targets_requests_draft_together_and_targets_spread_over_drafters():
     assert len({d for t, d in placed if t == "t2"}) == 1, placed
 
 
-def test_old_measurements_hold_for_placement_until_forgotten_and_never_justify_a_move():
+def test_old_measurements_hold_for_placement_and_moves_onto_idle_drafters_until_forgotten():
     # b was measured slow 20 s ago (no request since): new requests still avoid it ...
     pool = [DrafterView("a", step_s=0.01, in_flight=1), DrafterView("b", step_s=0.03, age_s=20)]
     assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "a"
     # ... until the measurement is forgotten: then b is priced at the pool's median and gets one
     pool = [DrafterView("a", step_s=0.01, in_flight=1), DrafterView("b", step_s=0.03, age_s=CFG.forget_s + 1)]
     assert assign_drafter(None, pool, moved_at=None, now=0, cfg=CFG).drafter == "b"
-    # a move needs fresh measurements on both sides
-    pool = [DrafterView("a", step_s=0.05), DrafterView("b", step_s=0.01, age_s=CFG.stale_s + 1)]
-    assert assign_drafter("a", pool, moved_at=None, now=100, cfg=CFG).action == "keep"
+    # a move needs a fresh measurement of the request's own drafter ...
     pool = [DrafterView("a", step_s=0.05, age_s=CFG.stale_s + 1), DrafterView("b", step_s=0.01)]
+    assert assign_drafter("a", pool, moved_at=None, now=100, cfg=CFG).action == "keep"
+    # ... and goes to an idle one by its last measurement (nothing measures an idle drafter again:
+    # requests on a slowed drafter would otherwise stay there while the other has nothing to do)
+    pool = [DrafterView("a", step_s=0.05), DrafterView("b", step_s=0.01, age_s=CFG.stale_s + 1)]
+    assert assign_drafter("a", pool, moved_at=None, now=100, cfg=CFG) == Assignment("b", "move", "a costs 5.0x b")
+    # ... until that is forgotten
+    pool = [DrafterView("a", step_s=0.05), DrafterView("b", step_s=0.01, age_s=CFG.forget_s + 1)]
     assert assign_drafter("a", pool, moved_at=None, now=100, cfg=CFG).action == "keep"
 
 
