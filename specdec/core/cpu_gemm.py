@@ -3,9 +3,10 @@
 Where the CPU has no bf16 dot product (oneDNN's bf16 kernels need avx512_bf16 or AMX; many AMD
 and desktop CPUs have only AVX2), torch's bf16 GEMM falls back to a reference loop that runs a
 prefill at a fifth of float32's speed (docs/results.md, "CPUs without bfloat16 instructions").
-cpu_gemm.c reads the bf16 weights as they are, multiplies in float32 and fixes its order of
-arithmetic, so a row's result depends on nothing else in the GEMM (docs/design.md, invariant 2).
-Machines with bf16 instructions keep oneDNN's packed GEMM (specdec/core/packed.py).
+cpu_gemm.c reads the bf16 weights packed in panels (`pack`, once at load: specdec/core/packed.py),
+multiplies in float32 and fixes its order of arithmetic, so a row's result depends on nothing else
+in the GEMM (docs/design.md, invariant 2). Machines with bf16 instructions keep oneDNN's packed
+GEMM.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import functools
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from specdec.core.cpu_build import library
 
 SOURCE = Path(__file__).with_name("cpu_gemm.c")
 
-__all__ = ["SOURCE", "declare", "kernel", "linear", "takes"]
+__all__ = ["SOURCE", "PANEL", "declare", "kernel", "linear", "linear_packed", "pack", "takes", "unpack"]
+
+PANEL = 16  # output columns per panel (cpu_gemm.c)
 
 
 def declare(lib: ctypes.CDLL) -> None:
@@ -42,17 +46,38 @@ def takes(w: torch.Tensor) -> bool:
     return w.dtype == torch.bfloat16 and w.device.type == "cpu" and kernel() is not None
 
 
-def linear(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, lib: ctypes.CDLL | None = None
-) -> torch.Tensor:
-    """F.linear(x, w, bias) for bf16 `w` [N, K] by cpu_gemm.c; the result in x's dtype. `lib`: a
-    particular build (tests), else `kernel()`."""
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """w [N, K] bf16 in cpu_gemm.c's layout: panels of PANEL columns (zeros past N), for each k
+    columns j and 8 + j side by side: [panels, K, 8, 2]."""
     n, k = w.shape
+    count = -(-n // PANEL)
+    padded = F.pad(w, (0, 0, 0, count * PANEL - n))
+    return padded.view(count, 2, PANEL // 2, k).permute(0, 3, 2, 1).contiguous()
+
+
+def unpack(panels: torch.Tensor, n: int) -> torch.Tensor:
+    """The [n, K] weight `pack` was given."""
+    return panels.permute(0, 3, 2, 1).reshape(-1, panels.shape[1])[:n].contiguous()
+
+
+def linear_packed(
+    x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None, lib: ctypes.CDLL | None = None
+) -> torch.Tensor:
+    """F.linear(x, w, bias) for a bf16 `w` [n, K] packed by `pack`; the result in x's dtype. `lib`:
+    a particular build (tests), else `kernel()`."""
+    k = panels.shape[1]
     flat = x.reshape(-1, k).float().contiguous()
-    w = w if w.is_contiguous() else w.contiguous()
     b = None if bias is None else bias.float().contiguous()
     out = torch.empty(flat.shape[0], n, dtype=torch.float32)
     (lib or kernel()).bf16_linear(
-        flat.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(), out.data_ptr(), flat.shape[0], n, k
+        flat.data_ptr(), panels.data_ptr(), 0 if b is None else b.data_ptr(), out.data_ptr(), flat.shape[0], n, k
     )
     return out.to(x.dtype).view(*x.shape[:-1], n)
+
+
+def linear(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, lib: ctypes.CDLL | None = None
+) -> torch.Tensor:
+    """F.linear(x, w, bias) for a plain bf16 `w` [N, K], packed for this call (the runner packs its
+    weights once: specdec/core/packed.py)."""
+    return linear_packed(x, pack(w), w.shape[0], bias, lib)

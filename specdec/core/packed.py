@@ -6,7 +6,9 @@ makes the memory-bound decode and verify GEMMs 25-35 % faster in bf16 and 1.5-3x
 on the EPYC machine (docs/results.md, "The CPU engine"). A packed weight rounds a row one way at
 M = 1 and one other way at every M >= 2, as the plain bf16 GEMM does, so the invariant forward's
 padding rule still holds; `attention.padding_rule_holds` checks that on every machine at load time
-with packed weights, as the forward uses them.
+with packed weights, as the forward uses them. On a CPU without bf16 instructions, where oneDNN has
+no bf16 GEMM, bf16 weights are packed instead in the panels of the compiled loop
+(specdec/core/cpu_gemm.c), which gives a row the same bits in any GEMM.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from specdec.core import cpu_gemm
 
 # oneDNN's packed GEMM is fastest at 4-5 rows on the EPYC machine (AVX-512 bf16): with fewer it
 # picks slower kernels, e.g. Qwen2.5-1.5B's down projection 0.95 ms at 1 row and 1.24 ms at 2 against
@@ -25,8 +29,9 @@ MIN_ROWS = 4
 
 @dataclass
 class PackedWeight:
-    packed: torch.Tensor  # oneDNN's opaque layout: only `packed_linear` can read it
+    packed: torch.Tensor  # oneDNN's opaque layout, or cpu_gemm's panels: only `packed_linear` reads it
     source: torch.Tensor  # the plain [out, in] weight, for whatever reshapes weights (tp.py)
+    panels: bool = False  # laid out for cpu_gemm.c (a CPU without bf16 instructions), not oneDNN
 
     @property
     def shape(self) -> torch.Size:
@@ -39,20 +44,25 @@ class PackedWeight:
 
 
 def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN packs CPU weights in float32 always, in bf16 where the CPU has bf16 instructions."""
+    """oneDNN packs CPU weights in float32 always, in bf16 where the CPU has bf16 instructions;
+    elsewhere bf16 weights are packed for the compiled loop (cpu_gemm.c) where it is built."""
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if dtype == torch.float32:
         return True
-    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype == torch.bfloat16 and (torch.ops.mkldnn._is_mkldnn_bf16_supported() or cpu_gemm.kernel() is not None)
 
 
 def pack(w: torch.Tensor) -> PackedWeight:
+    if cpu_gemm.takes(w):
+        return PackedWeight(cpu_gemm.pack(w), w, panels=True)
     # No batch-size hint: one layout for every M (measured no slower at M = 1-8 than a hint).
     return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None), w)
 
 
 def packed_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if w.panels:
+        return cpu_gemm.linear_packed(x, w.packed, w.shape[0], bias)
     flat = x.reshape(-1, x.shape[-1])
     rows = flat.shape[0]
     if rows < MIN_ROWS:

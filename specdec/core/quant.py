@@ -7,13 +7,14 @@ int8-weight kernel (`aten._weight_int8pack_mm`), the one gpt-fast uses.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from specdec.core import cpu_gemm
-from specdec.core.packed import PackedWeight, packed_linear
+from specdec.core.packed import PackedWeight, pack, packed_linear
 
 # The int8 kernel pays off for decode-sized inputs only; a prefill (many rows) is faster on the
 # dense weights, which the transformers model keeps anyway (no extra memory).
@@ -24,7 +25,7 @@ INT8_MAX_ROWS = 8
 class Int8Weight:
     q: torch.Tensor  # [out, in] int8
     scale: torch.Tensor  # [out], in the activation dtype
-    dense: torch.Tensor  # the original weights, for inputs of many rows
+    dense: torch.Tensor | PackedWeight  # the original weights, for inputs of many rows
 
     @property
     def shape(self) -> torch.Size:
@@ -51,6 +52,16 @@ def linear(
         flat = flat.contiguous()
     out = torch.ops.aten._weight_int8pack_mm(flat, w.q, w.scale).view(*x.shape[:-1], w.q.shape[0])
     return out if bias is None else out + bias
+
+
+def pack_dense(w: torch.Tensor | Int8Weight | PackedWeight) -> Int8Weight | PackedWeight:
+    """`w` with its dense weights packed (specdec/core/packed.py), an int8 weight's dense copy too:
+    it serves the inputs of many rows (a draft prefill)."""
+    if isinstance(w, torch.Tensor):
+        return pack(w)
+    if isinstance(w, Int8Weight) and isinstance(w.dense, torch.Tensor):
+        return dataclasses.replace(w, dense=pack(w.dense))
+    return w
 
 
 def int8_supported(device: torch.device, dtype: torch.dtype) -> bool:

@@ -32,8 +32,8 @@ from specdec.core.attention import (
     padded_span,
     padding_rule_holds,
 )
-from specdec.core.packed import PackedWeight, pack, packing_supported
-from specdec.core.quant import Int8Weight, int8_supported, linear, quantize_int8
+from specdec.core.packed import PackedWeight, packing_supported
+from specdec.core.quant import Int8Weight, int8_supported, linear, pack_dense, quantize_int8
 from specdec.core.ragged_batch import RaggedBatch
 from specdec.core.static_step import StaticSteps
 
@@ -79,8 +79,7 @@ class LayerWeights:
 
     def pack(self) -> None:
         for name in MATRICES:
-            if isinstance(w := getattr(self, name), torch.Tensor):
-                setattr(self, name, pack(w))
+            setattr(self, name, pack_dense(getattr(self, name)))
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
@@ -213,8 +212,7 @@ class ModelRunner:
         if packing_supported(self.device, self.dtype):
             for layer in self.layers:
                 layer.pack()
-            if isinstance(self.lm_head, torch.Tensor):
-                self.lm_head = pack(self.lm_head)
+            self.lm_head = pack_dense(self.lm_head)
             self.packed = True
         self._check_padding_rule()
 

@@ -118,20 +118,21 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
+def _plain(w: torch.Tensor | PackedWeight) -> torch.Tensor:
+    # a packed weight is packed again for the shard (shard_runner)
+    return w.source if isinstance(w, PackedWeight) else w
+
+
 def _rows(w: Weight, lo: int, hi: int) -> Weight:
-    if isinstance(w, PackedWeight):  # packed again for the shard (shard_runner)
-        return _copy(w.source[lo:hi])
     if isinstance(w, Int8Weight):
-        return Int8Weight(_copy(w.q[lo:hi]), _copy(w.scale[lo:hi]), _copy(w.dense[lo:hi]))
-    return _copy(w[lo:hi])
+        return Int8Weight(_copy(w.q[lo:hi]), _copy(w.scale[lo:hi]), _copy(_plain(w.dense)[lo:hi]))
+    return _copy(_plain(w)[lo:hi])
 
 
 def _cols(w: Weight, lo: int, hi: int) -> Weight:
-    if isinstance(w, PackedWeight):
-        return _copy(w.source[:, lo:hi])
     if isinstance(w, Int8Weight):  # per-row scales hold for any subset of a row's columns
-        return Int8Weight(_copy(w.q[:, lo:hi]), w.scale, _copy(w.dense[:, lo:hi]))
-    return _copy(w[:, lo:hi])
+        return Int8Weight(_copy(w.q[:, lo:hi]), w.scale, _copy(_plain(w.dense)[:, lo:hi]))
+    return _copy(_plain(w)[:, lo:hi])
 
 
 def _bias(b: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor | None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.core import cpu_build, cpu_gemm, quant
+from specdec.core import cpu_build, cpu_gemm, packed, quant
 from specdec.core.runner import ModelRunner
 from tests.conftest import load_hf
 
@@ -82,6 +82,18 @@ def test_it_is_the_product(lib):
     assert got.dtype == torch.float32 and got.shape == (9, 300)
     assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4)
     assert cpu_gemm.linear(x.bfloat16().view(3, 3, 1541), w, None, lib).shape == (3, 3, 300)
+
+
+def test_weights_packed_once_give_the_bits_of_plain_ones(monkeypatch, lib):
+    """The runner packs its bf16 weights in the loop's panels once (specdec/core/packed.py); they
+    hold the weights exactly, and a GEMM over them is the GEMM over the plain weight."""
+    monkeypatch.setattr(cpu_gemm, "kernel", lambda: lib)
+    w, x, bias = _weights(100, 131)  # 100 columns: the last panel is part padding
+    p = packed.pack(w)
+    assert p.panels and p.packed.shape == (7, 131, 8, 2) and torch.equal(cpu_gemm.unpack(p.packed, 100), w)
+    for b in (None, bias):
+        assert torch.equal(quant.linear(x, p, b), cpu_gemm.linear(x, w, b, lib))
+    assert torch.equal(quant.linear(x, quant.pack_dense(quant.quantize_int8(w)), b), quant.linear(x, w, b))
 
 
 def test_the_build_without_avx2_gives_the_same_bits(lib, tmp_path):

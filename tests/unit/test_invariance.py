@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec.core.attention as attention
-from specdec.core import cpu_gemm
 from specdec.core.attention import CPU_GEMM_BLOCK, gemm_rows, padding_rule_holds
 from specdec.core.drafters import ModelDrafter, NgramProposer, NoDrafter
 from specdec.core.engine import KPolicy, SpecEngine
@@ -118,17 +117,16 @@ def test_weight_gemms_round_a_row_one_way_with_two_threads(dtype, packed):
     also when threads split the rows: `gemm_rows`' padding where this machine's BLAS keeps it
     (`padding_rule_holds`), else blocks of CPU_GEMM_BLOCK rows (the forward tests above run with one
     thread, the service with more). 1 to 40 rows: past 32, where a bf16 row changed on AMX. With
-    plain weights and with weights in oneDNN's layout (specdec/core/packed.py), as the runner has them."""
+    plain weights and with packed ones (specdec/core/packed.py: oneDNN's layout, or the compiled
+    loop's panels where the CPU has no bf16 instructions), as the runner has them."""
     gen = torch.Generator().manual_seed(0)
     # Qwen2.5-1.5B's up_proj shape: bf16 rounds a lone row differently in a few of its outputs.
     w = (torch.randn(8960, 1536, generator=gen) * 0.05).to(dtype)
     x = torch.randn(40, 1536, generator=gen).to(dtype)
     torch.set_num_threads(2)
-    if packed and not packing_supported(w.device, dtype):
-        # A CPU without bf16 instructions (AVX2 only): oneDNN packs no bf16 weights, so the runner
-        # keeps them plain and its bf16 GEMMs are the compiled loop; that is the layout to check here.
-        assert dtype == torch.bfloat16 and cpu_gemm.takes(w), f"{dtype} weights unpacked and not on the loop"
-        packed = False
+    # A CPU without bf16 instructions (AVX2 only): bf16 weights are packed for the compiled loop
+    # (cpu_gemm.c), not for oneDNN; the runner keeps plain weights only where neither can pack.
+    assert not packed or packing_supported(w.device, dtype), f"{dtype} weights neither packed nor on the loop"
     runner = SimpleNamespace(gemm_block=None if padding_rule_holds([w], dtype, packed) else CPU_GEMM_BLOCK)
     w = pack(w) if packed else w
 
