@@ -49,19 +49,28 @@ static inline float bf16_to_float(uint16_t h) {
 
 /* rows x cols outputs (cols <= PANEL) of one panel p: x rows at x (stride K), y at y (stride ldy).
  * ahead: a panel to fetch into L2 meanwhile (or NULL). */
-static inline __attribute__((always_inline)) void tile(const float *x, int64_t K, const uint16_t *p, const float *bias,
-                                                       float *y, int64_t ldy, int rows, int cols,
-                                                       const uint16_t *ahead) {
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t K, const void *panel, const float *scale,
+                                                       const float *bias, float *y, int64_t ldy, int rows, int cols,
+                                                       const char *ahead, int int8) {
+    const uint16_t *p = (const uint16_t *)panel;
+    const int8_t *p8 = (const int8_t *)panel;
+    const int64_t stride = int8 ? PANEL : 2 * PANEL; /* bytes per k */
     float out[MR][PANEL];
 #ifdef VECTOR
     __m256 lo[MR], hi[MR];
     for (int r = 0; r < rows; r++) lo[r] = hi[r] = _mm256_setzero_ps();
     const __m256i high_halves = _mm256_set1_epi32((int)0xFFFF0000u);
     for (int64_t k = 0; k < K; k++) {
-        const __m256i words = _mm256_loadu_si256((const __m256i *)(p + PANEL * k));
-        if (ahead && !(k & 1)) _mm_prefetch((const char *)(ahead + PANEL * k), _MM_HINT_T1); /* a 64-byte line */
-        const __m256 w_lo = _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
-        const __m256 w_hi = _mm256_castsi256_ps(_mm256_and_si256(words, high_halves));
+        __m256 w_lo, w_hi;
+        if (int8) {
+            w_lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p8 + PANEL * k))));
+            w_hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p8 + PANEL * k + 8))));
+        } else {
+            const __m256i words = _mm256_loadu_si256((const __m256i *)(p + PANEL * k));
+            w_lo = _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
+            w_hi = _mm256_castsi256_ps(_mm256_and_si256(words, high_halves));
+        }
+        if (ahead && !((k * stride) & 63)) _mm_prefetch(ahead + stride * k, _MM_HINT_T1); /* a 64-byte line */
         for (int r = 0; r < rows; r++) {
             const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
             lo[r] = _mm256_fmadd_ps(xb, w_lo, lo[r]);
@@ -74,23 +83,29 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
     }
 #else
     (void)ahead;
+    (void)stride;
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < PANEL; c++) out[r][c] = 0.0f;
     for (int64_t k = 0; k < K; k++)
         for (int c = 0; c < PANEL; c++) {
-            const float w = bf16_to_float(p[PANEL * k + (c < 8 ? 2 * c : 2 * (c - 8) + 1)]);
+            const float w = int8 ? (float)p8[PANEL * k + c] : bf16_to_float(p[PANEL * k + (c < 8 ? 2 * c : 2 * (c - 8) + 1)]);
             for (int r = 0; r < rows; r++) out[r][c] = fmaf(x[r * K + k], w, out[r][c]);
         }
 #endif
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) y[r * ldy + c] = bias ? out[r][c] + bias[c] : out[r][c];
+        for (int c = 0; c < cols; c++) {
+            const float v = scale ? out[r][c] * scale[c] : out[r][c];
+            y[r * ldy + c] = bias ? v + bias[c] : v;
+        }
 }
 
-/* y [M, N] float32 = x [M, K] float32 (contiguous) times the packed weights of w [N, K] bfloat16
- * transposed, plus bias [N] float32 (or NULL). */
-void bf16_linear(const float *x, const uint16_t *panels, const float *bias, float *y, int64_t M, int64_t N, int64_t K) {
-    const int64_t count = (N + PANEL - 1) / PANEL;
-    int64_t per = GROUP_BYTES / (PANEL * 2 * K);
+/* y [M, N] float32 = x [M, K] float32 (contiguous) times weights [N, K] packed in panels of `width`
+ * bytes per k (bf16: 2 PANEL, int8: PANEL) transposed, times scale [N] (int8) and plus bias [N]
+ * (float32, or NULL). */
+static void gemm(const float *x, const char *panels, const float *scale, const float *bias, float *y, int64_t M,
+                 int64_t N, int64_t K, int int8) {
+    const int64_t width = int8 ? PANEL : 2 * PANEL, count = (N + PANEL - 1) / PANEL;
+    int64_t per = GROUP_BYTES / (width * K);
     per = per < 1 ? 1 : per;
     const int64_t groups = (count + per - 1) / per;
     const int64_t tiles = (M + MR - 1) / MR, base = tiles ? M / tiles : 0, extra = tiles ? M % tiles : 0;
@@ -102,20 +117,37 @@ void bf16_linear(const float *x, const uint16_t *panels, const float *bias, floa
             for (int64_t q = q0; q < q1; q++) {
                 const int64_t n = q * PANEL;
                 const int cols = (int)(N - n < PANEL ? N - n : PANEL);
-                const float *b = bias ? bias + n : NULL, *xm = x + m * K;
-                const uint16_t *p = panels + q * PANEL * K;
+                const float *b = bias ? bias + n : NULL, *sc = scale ? scale + n : NULL, *xm = x + m * K;
+                const char *p = panels + q * width * K;
                 float *ym = y + m * N + n;
-                const uint16_t *ahead = t == tiles - 1 && t > 0 && q + per < count ? p + per * PANEL * K : NULL;
+                const char *ahead = t == tiles - 1 && t > 0 && q + per < count ? p + per * width * K : NULL;
+#define TILE(R)                                                             \
+    (int8 ? tile(xm, K, p, sc, b, ym, N, R, cols, ahead, 1)                 \
+          : tile(xm, K, p, sc, b, ym, N, R, cols, ahead, 0))
                 switch (rows) {
-                case 6: tile(xm, K, p, b, ym, N, 6, cols, ahead); break;
-                case 5: tile(xm, K, p, b, ym, N, 5, cols, ahead); break;
-                case 4: tile(xm, K, p, b, ym, N, 4, cols, ahead); break;
-                case 3: tile(xm, K, p, b, ym, N, 3, cols, ahead); break;
-                case 2: tile(xm, K, p, b, ym, N, 2, cols, ahead); break;
-                default: tile(xm, K, p, b, ym, N, 1, cols, ahead); break;
+                case 6: TILE(6); break;
+                case 5: TILE(5); break;
+                case 4: TILE(4); break;
+                case 3: TILE(3); break;
+                case 2: TILE(2); break;
+                default: TILE(1); break;
                 }
+#undef TILE
             }
             m += rows;
         }
     }
+}
+
+/* y = x w^T + bias for bf16 w [N, K] packed by cpu_gemm.py's `pack`. */
+void bf16_linear(const float *x, const uint16_t *panels, const float *bias, float *y, int64_t M, int64_t N, int64_t K) {
+    gemm(x, (const char *)panels, NULL, bias, y, M, N, K, 0);
+}
+
+/* y = (x q^T) scale + bias for int8 q [N, K] packed by cpu_gemm.py's `pack_int8`: a draft model's
+ * weights (specdec/core/quant.py), whose numbers may change the drafts, never the output
+ * (docs/design.md, invariant 1). */
+void int8_linear(const float *x, const int8_t *panels, const float *scale, const float *bias, float *y, int64_t M,
+                 int64_t N, int64_t K) {
+    gemm(x, (const char *)panels, scale, bias, y, M, N, K, 1);
 }

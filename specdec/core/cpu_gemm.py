@@ -22,7 +22,19 @@ from specdec.core.cpu_build import library
 
 SOURCE = Path(__file__).with_name("cpu_gemm.c")
 
-__all__ = ["SOURCE", "PANEL", "declare", "kernel", "linear", "linear_packed", "pack", "takes", "unpack"]
+__all__ = [
+    "SOURCE",
+    "PANEL",
+    "declare",
+    "kernel",
+    "linear",
+    "linear_int8",
+    "linear_packed",
+    "pack",
+    "pack_int8",
+    "takes",
+    "unpack",
+]
 
 PANEL = 16  # output columns per panel (cpu_gemm.c)
 
@@ -31,6 +43,8 @@ def declare(lib: ctypes.CDLL) -> None:
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.bf16_linear.restype = None
     lib.bf16_linear.argtypes = [pointer] * 4 + [i64] * 3
+    lib.int8_linear.restype = None
+    lib.int8_linear.argtypes = [pointer] * 5 + [i64] * 3
 
 
 @functools.cache
@@ -71,6 +85,41 @@ def linear_packed(
     out = torch.empty(flat.shape[0], n, dtype=torch.float32)
     (lib or kernel()).bf16_linear(
         flat.data_ptr(), panels.data_ptr(), 0 if b is None else b.data_ptr(), out.data_ptr(), flat.shape[0], n, k
+    )
+    return out.to(x.dtype).view(*x.shape[:-1], n)
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """int8 weights q [N, K] in cpu_gemm.c's layout: panels of PANEL columns (zeros past N), for
+    each k the 16 columns in order: [panels, K, 16]."""
+    n, k = q.shape
+    count = -(-n // PANEL)
+    return F.pad(q, (0, 0, 0, count * PANEL - n)).view(count, PANEL, k).transpose(1, 2).contiguous()
+
+
+def linear_int8(
+    x: torch.Tensor,
+    panels: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
+    """(x q^T) scale + bias for int8 q [n, K] packed by `pack_int8`, `scale` [n]; in x's dtype.
+    `lib`: a particular build (tests), else `kernel()`."""
+    k, n = panels.shape[1], scale.shape[0]
+    flat = x.reshape(-1, k).float().contiguous()
+    s = scale.float().contiguous()
+    b = None if bias is None else bias.float().contiguous()
+    out = torch.empty(flat.shape[0], n, dtype=torch.float32)
+    (lib or kernel()).int8_linear(
+        flat.data_ptr(),
+        panels.data_ptr(),
+        s.data_ptr(),
+        0 if b is None else b.data_ptr(),
+        out.data_ptr(),
+        flat.shape[0],
+        n,
+        k,
     )
     return out.to(x.dtype).view(*x.shape[:-1], n)
 

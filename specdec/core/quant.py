@@ -26,6 +26,7 @@ class Int8Weight:
     q: torch.Tensor  # [out, in] int8
     scale: torch.Tensor  # [out], in the activation dtype
     dense: torch.Tensor | PackedWeight  # the original weights, for inputs of many rows
+    panels: torch.Tensor | None = None  # q for the compiled loop (cpu_gemm.c), where it runs
 
     @property
     def shape(self) -> torch.Size:
@@ -48,19 +49,24 @@ def linear(
     flat = x.reshape(-1, x.shape[-1])
     if flat.shape[0] > INT8_MAX_ROWS:
         return linear(x, w.dense, bias)
+    if w.panels is not None:
+        return cpu_gemm.linear_int8(x, w.panels, w.scale, bias)
     if not flat.is_contiguous():
         flat = flat.contiguous()
     out = torch.ops.aten._weight_int8pack_mm(flat, w.q, w.scale).view(*x.shape[:-1], w.q.shape[0])
     return out if bias is None else out + bias
 
 
-def pack_dense(w: torch.Tensor | Int8Weight | PackedWeight) -> Int8Weight | PackedWeight:
-    """`w` with its dense weights packed (specdec/core/packed.py), an int8 weight's dense copy too:
-    it serves the inputs of many rows (a draft prefill)."""
+def pack_weight(w: torch.Tensor | Int8Weight | PackedWeight) -> Int8Weight | PackedWeight:
+    """`w` laid out for the CPU's GEMMs (specdec/core/packed.py). An int8 weight: its dense copy too
+    (it serves the inputs of many rows, a draft prefill), and q in the compiled loop's panels where
+    the CPU has no bf16 instructions (torch's int8 kernel read a draft's weights at about half the
+    memory's speed there: docs/results.md, "CPUs without bfloat16 instructions")."""
     if isinstance(w, torch.Tensor):
         return pack(w)
     if isinstance(w, Int8Weight) and isinstance(w.dense, torch.Tensor):
-        return dataclasses.replace(w, dense=pack(w.dense))
+        panels = cpu_gemm.pack_int8(w.q) if cpu_gemm.takes(w.dense) else None
+        return dataclasses.replace(w, dense=pack(w.dense), panels=panels)
     return w
 
 

@@ -33,7 +33,7 @@ from specdec.core.attention import (
     padding_rule_holds,
 )
 from specdec.core.packed import PackedWeight, packing_supported
-from specdec.core.quant import Int8Weight, int8_supported, linear, pack_dense, quantize_int8
+from specdec.core.quant import Int8Weight, int8_supported, linear, pack_weight, quantize_int8
 from specdec.core.ragged_batch import RaggedBatch
 from specdec.core.static_step import StaticSteps
 
@@ -79,7 +79,7 @@ class LayerWeights:
 
     def pack(self) -> None:
         for name in MATRICES:
-            setattr(self, name, pack_dense(getattr(self, name)))
+            setattr(self, name, pack_weight(getattr(self, name)))
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
@@ -212,7 +212,7 @@ class ModelRunner:
         if packing_supported(self.device, self.dtype):
             for layer in self.layers:
                 layer.pack()
-            self.lm_head = pack_dense(self.lm_head)
+            self.lm_head = pack_weight(self.lm_head)
             self.packed = True
         self._check_padding_rule()
 
