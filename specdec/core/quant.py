@@ -2,7 +2,9 @@
 
 Only drafters use it: a draft's numbers may change (verification keeps the output lossless), the
 target's never do. Per-output-channel symmetric scales; the matmul is torch's fused
-int8-weight kernel (`aten._weight_int8pack_mm`), the one gpt-fast uses.
+int8-weight kernel (`aten._weight_int8pack_mm`), the one gpt-fast uses, or on a CPU without bf16
+instructions the compiled loop over int8 panels (specdec/core/cpu_gemm.c), where torch's kernel
+read the weights at about half the memory's speed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from specdec.core import cpu_gemm
 from specdec.core.packed import PackedWeight, pack, packed_linear
 
 # The int8 kernel pays off for decode-sized inputs only; a prefill (many rows) is faster on the
-# dense weights, which the transformers model keeps anyway (no extra memory).
+# dense weights, which the transformers model keeps anyway (packed for the CPU's GEMM as the
+# target's are, `pack_weight`).
 INT8_MAX_ROWS = 8
 
 
