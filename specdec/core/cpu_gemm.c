@@ -12,7 +12,10 @@
  * integer operations give two vectors of 8 floats (columns 0-7 and 8-15); an x value broadcast to
  * a vector meets both, so a tile of MR rows x 16 columns keeps 2 MR accumulators in registers and
  * reads each weight once for all its rows, as the GEMM kernels of BLAS libraries do over packed
- * panels (columns in vector lanes, not a dot product per output).
+ * panels (columns in vector lanes, not a dot product per output). A draft model's int8 weights
+ * (`int8_linear`, cpu_gemm.py's `pack_int8`) are packed alike, a byte a weight and the 16 columns
+ * in order, widened by sign extension and conversion; an output is scaled by its column's scale at
+ * the end.
  *
  * Order: an output y[m][n] is a left fold (fmaf) over k = 0..K-1 of x[m][k] w[n][k], from 0; the
  * bias, when given, is added last. So y[m][n] depends on x's row m and w's row n only: not on M, N,
@@ -38,7 +41,7 @@
 
 #define PANEL 16
 #define MR 6                        /* 12 accumulators, 2 weight vectors and x's broadcast: 15 of 16 registers */
-#define GROUP_BYTES (192 * 1024)    /* panels a thread takes at a time: 4 of 16 columns at K = 1536 */
+#define GROUP_BYTES (192 * 1024)    /* panels a thread takes at a time: 4 bf16 panels at K = 1536 */
 
 static inline float bf16_to_float(uint16_t h) {
     const uint32_t bits = (uint32_t)h << 16;
