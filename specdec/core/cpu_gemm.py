@@ -74,19 +74,23 @@ def unpack(panels: torch.Tensor, n: int) -> torch.Tensor:
     return panels.permute(0, 3, 2, 1).reshape(-1, panels.shape[1])[:n].contiguous()
 
 
+def _run(x: torch.Tensor, k: int, n: int, bias: torch.Tensor | None, call) -> torch.Tensor:
+    """x [..., k] in float32 rows, an output [rows, n] and the bias in float32, handed to
+    `call(x, bias, out, rows)` (pointers; bias 0 for none); the result [..., n] in x's dtype."""
+    flat = x.reshape(-1, k).float().contiguous()
+    b = None if bias is None else bias.float().contiguous()
+    out = torch.empty(flat.shape[0], n, dtype=torch.float32)
+    call(flat.data_ptr(), 0 if b is None else b.data_ptr(), out.data_ptr(), flat.shape[0])
+    return out.to(x.dtype).view(*x.shape[:-1], n)
+
+
 def linear_packed(
     x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None, lib: ctypes.CDLL | None = None
 ) -> torch.Tensor:
     """F.linear(x, w, bias) for a bf16 `w` [n, K] packed by `pack`; the result in x's dtype. `lib`:
     a particular build (tests), else `kernel()`."""
-    k = panels.shape[1]
-    flat = x.reshape(-1, k).float().contiguous()
-    b = None if bias is None else bias.float().contiguous()
-    out = torch.empty(flat.shape[0], n, dtype=torch.float32)
-    (lib or kernel()).bf16_linear(
-        flat.data_ptr(), panels.data_ptr(), 0 if b is None else b.data_ptr(), out.data_ptr(), flat.shape[0], n, k
-    )
-    return out.to(x.dtype).view(*x.shape[:-1], n)
+    k, fn = panels.shape[1], (lib or kernel()).bf16_linear
+    return _run(x, k, n, bias, lambda xp, bp, yp, rows: fn(xp, panels.data_ptr(), bp, yp, rows, n, k))
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
@@ -106,22 +110,9 @@ def linear_int8(
 ) -> torch.Tensor:
     """(x q^T) scale + bias for int8 q [n, K] packed by `pack_int8`, `scale` [n]; in x's dtype.
     `lib`: a particular build (tests), else `kernel()`."""
-    k, n = panels.shape[1], scale.shape[0]
-    flat = x.reshape(-1, k).float().contiguous()
+    k, n, fn = panels.shape[1], scale.shape[0], (lib or kernel()).int8_linear
     s = scale.float().contiguous()
-    b = None if bias is None else bias.float().contiguous()
-    out = torch.empty(flat.shape[0], n, dtype=torch.float32)
-    (lib or kernel()).int8_linear(
-        flat.data_ptr(),
-        panels.data_ptr(),
-        s.data_ptr(),
-        0 if b is None else b.data_ptr(),
-        out.data_ptr(),
-        flat.shape[0],
-        n,
-        k,
-    )
-    return out.to(x.dtype).view(*x.shape[:-1], n)
+    return _run(x, k, n, bias, lambda xp, bp, yp, rows: fn(xp, panels.data_ptr(), s.data_ptr(), bp, yp, rows, n, k))
 
 
 def linear(

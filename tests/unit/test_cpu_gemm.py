@@ -93,7 +93,7 @@ def test_weights_packed_once_give_the_bits_of_plain_ones(monkeypatch, lib):
     assert p.panels and p.packed.shape == (7, 131, 8, 2) and torch.equal(cpu_gemm.unpack(p.packed, 100), w)
     for b in (None, bias):
         assert torch.equal(quant.linear(x, p, b), cpu_gemm.linear(x, w, b, lib))
-    assert torch.equal(quant.linear(x, quant.pack_weight(quant.quantize_int8(w)), b), quant.linear(x, w, b))
+    assert torch.equal(quant.linear(x, quant.pack_weight(quant.quantize_int8(w)), bias), quant.linear(x, w, bias))
 
 
 def test_int8_panels_are_the_product_of_the_quantized_weights(monkeypatch, lib, tmp_path):
