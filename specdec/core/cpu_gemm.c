@@ -19,16 +19,17 @@
  *
  * Order: an output y[m][n] is a left fold (fmaf) over k = 0..K-1 of x[m][k] w[n][k], from 0; the
  * bias, when given, is added last. So y[m][n] depends on x's row m and w's row n only: not on M, N,
- * the tile or panel group a value lands in, the thread that computes it, or whether the AVX2 path
+ * the tile or block a value lands in, the thread that computes it, or whether the AVX2 path
  * or the plain loops ran (the same operations; a test builds both). That is the invariant forward's
  * row rule by construction (docs/design.md, invariant 2; tests/unit/test_cpu_gemm.py).
  *
  * Tiles: the rows of x are cut into tiles of at most MR rows, as even as they go (8 rows: two of 4,
  * not 6 and 2: a tile of few rows has too few accumulators to hide the FMA's latency). Threads take
- * groups of panels of about GROUP_BYTES, which stay in L2 while every row tile meets them; the first
- * row tile reads them from memory, and while the last one (of two or more) computes from L2, the
- * next group is fetched into L2 (else memory would idle while it computes: 8-12 rows 15-20 %
- * faster on a 2-core AVX2 EPYC).
+ * panels in turn; a panel is read in blocks of KB values of k, and up to CHUNK row tiles meet each
+ * block while it is in L1, their accumulators kept between blocks (storing and reloading a float
+ * leaves the fold as it was). The first tile to meet a block reads it from memory and fetches the
+ * weights AHEAD bytes on (the hardware prefetcher alone left memory partly idle: on a 2-core AVX2
+ * EPYC, 1-2 rows 1.15-1.2x and 5 rows 1.3x faster with it, docs/results.md).
  * Built by specdec/core/cpu_build.py with -ffp-contract=off.
  */
 #include <math.h>
@@ -41,7 +42,9 @@
 
 #define PANEL 16
 #define MR 6                        /* 12 accumulators, 2 weight vectors and x's broadcast: 15 of 16 registers */
-#define GROUP_BYTES (192 * 1024)    /* panels a thread takes at a time: 4 bf16 panels at K = 1536 */
+#define KB 256                      /* a block of k: 8 KB of a bf16 panel, which stays in L1 while every row tile meets it */
+#define CHUNK 4                     /* row tiles that meet a block together (more re-read the panel from L2) */
+#define AHEAD 8192                  /* bytes ahead of the reading position fetched into L2 meanwhile */
 
 static inline float bf16_to_float(uint16_t h) {
     const uint32_t bits = (uint32_t)h << 16;
@@ -50,20 +53,24 @@ static inline float bf16_to_float(uint16_t h) {
     return f;
 }
 
-/* rows x cols outputs (cols <= PANEL) of one panel p: x rows at x (stride K), y at y (stride ldy).
- * ahead: a panel to fetch into L2 meanwhile (or NULL). */
-static inline __attribute__((always_inline)) void tile(const float *x, int64_t K, const void *panel, const float *scale,
-                                                       const float *bias, float *y, int64_t ldy, int rows, int cols,
-                                                       const char *ahead, int int8) {
+/* acc[rows][PANEL] continues its left fold over k with x[rows, k0..k1) w^T for one panel (x rows at
+ * x, stride K). first: the first row tile to meet this block, which reads it from memory and fetches
+ * the weights AHEAD bytes on into L2 as it goes (the rest meet the block in L1). */
+static inline __attribute__((always_inline)) void fold(const float *x, int64_t K, const void *panel, int64_t k0,
+                                                       int64_t k1, float (*acc)[PANEL], int rows, int first, int int8) {
     const uint16_t *p = (const uint16_t *)panel;
     const int8_t *p8 = (const int8_t *)panel;
     const int64_t stride = int8 ? PANEL : 2 * PANEL; /* bytes per k */
-    float out[MR][PANEL];
 #ifdef VECTOR
     __m256 lo[MR], hi[MR];
-    for (int r = 0; r < rows; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+        lo[r] = _mm256_loadu_ps(acc[r]);
+        hi[r] = _mm256_loadu_ps(acc[r] + 8);
+    }
+    /* a line each k, one branch fewer than each 64 bytes; the later tiles fetch their own block (a no-op) */
+    const char *fetch = (const char *)panel + (first ? AHEAD : 0);
     const __m256i high_halves = _mm256_set1_epi32((int)0xFFFF0000u);
-    for (int64_t k = 0; k < K; k++) {
+    for (int64_t k = k0; k < k1; k++) {
         __m256 w_lo, w_hi;
         if (int8) {
             w_lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p8 + PANEL * k))));
@@ -73,7 +80,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
             w_lo = _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
             w_hi = _mm256_castsi256_ps(_mm256_and_si256(words, high_halves));
         }
-        if (ahead && !((k * stride) & 63)) _mm_prefetch(ahead + stride * k, _MM_HINT_T1); /* a 64-byte line */
+        _mm_prefetch(fetch + stride * k, _MM_HINT_T1);
         for (int r = 0; r < rows; r++) {
             const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
             lo[r] = _mm256_fmadd_ps(xb, w_lo, lo[r]);
@@ -81,25 +88,18 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
         }
     }
     for (int r = 0; r < rows; r++) {
-        _mm256_storeu_ps(out[r], lo[r]);
-        _mm256_storeu_ps(out[r] + 8, hi[r]);
+        _mm256_storeu_ps(acc[r], lo[r]);
+        _mm256_storeu_ps(acc[r] + 8, hi[r]);
     }
 #else
-    (void)ahead;
+    (void)first;
     (void)stride;
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < PANEL; c++) out[r][c] = 0.0f;
-    for (int64_t k = 0; k < K; k++)
+    for (int64_t k = k0; k < k1; k++)
         for (int c = 0; c < PANEL; c++) {
             const float w = int8 ? (float)p8[PANEL * k + c] : bf16_to_float(p[PANEL * k + (c < 8 ? 2 * c : 2 * (c - 8) + 1)]);
-            for (int r = 0; r < rows; r++) out[r][c] = fmaf(x[r * K + k], w, out[r][c]);
+            for (int r = 0; r < rows; r++) acc[r][c] = fmaf(x[r * K + k], w, acc[r][c]);
         }
 #endif
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-            const float v = scale ? out[r][c] * scale[c] : out[r][c];
-            y[r * ldy + c] = bias ? v + bias[c] : v;
-        }
 }
 
 /* y [M, N] float32 = x [M, K] float32 (contiguous) times weights [N, K] packed in panels of `width`
@@ -108,38 +108,44 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
 static void gemm(const float *x, const char *panels, const float *scale, const float *bias, float *y, int64_t M,
                  int64_t N, int64_t K, int int8) {
     const int64_t width = int8 ? PANEL : 2 * PANEL, count = (N + PANEL - 1) / PANEL;
-    int64_t per = GROUP_BYTES / (width * K);
-    per = per < 1 ? 1 : per;
-    const int64_t groups = (count + per - 1) / per;
     const int64_t tiles = (M + MR - 1) / MR, base = tiles ? M / tiles : 0, extra = tiles ? M % tiles : 0;
+#define FIRST_ROW(t) ((t) * base + ((t) < extra ? (t) : extra)) /* tile t's first row; t < extra: base + 1 rows */
 #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; g++) {
-        const int64_t q0 = g * per, q1 = q0 + per < count ? q0 + per : count;
-        for (int64_t t = 0, m = 0; t < tiles; t++) {
-            const int rows = (int)(base + (t < extra));
-            for (int64_t q = q0; q < q1; q++) {
-                const int64_t n = q * PANEL;
-                const int cols = (int)(N - n < PANEL ? N - n : PANEL);
-                const float *b = bias ? bias + n : NULL, *sc = scale ? scale + n : NULL, *xm = x + m * K;
-                const char *p = panels + q * width * K;
-                float *ym = y + m * N + n;
-                const char *ahead = t == tiles - 1 && t > 0 && q + per < count ? p + per * width * K : NULL;
-#define TILE(R)                                                             \
-    (int8 ? tile(xm, K, p, sc, b, ym, N, R, cols, ahead, 1)                 \
-          : tile(xm, K, p, sc, b, ym, N, R, cols, ahead, 0))
-                switch (rows) {
-                case 6: TILE(6); break;
-                case 5: TILE(5); break;
-                case 4: TILE(4); break;
-                case 3: TILE(3); break;
-                case 2: TILE(2); break;
-                default: TILE(1); break;
+    for (int64_t q = 0; q < count; q++) {
+        const int64_t n = q * PANEL;
+        const int cols = (int)(N - n < PANEL ? N - n : PANEL);
+        const char *p = panels + q * width * K;
+        for (int64_t t0 = 0; t0 < tiles; t0 += CHUNK) {
+            const int64_t t1 = t0 + CHUNK < tiles ? t0 + CHUNK : tiles;
+            float acc[CHUNK][MR][PANEL];
+            memset(acc, 0, sizeof acc);
+            for (int64_t k0 = 0; k0 < K; k0 += KB) {
+                const int64_t k1 = k0 + KB < K ? k0 + KB : K;
+                for (int64_t t = t0; t < t1; t++) {
+                    const float *xm = x + FIRST_ROW(t) * K;
+                    float (*a)[PANEL] = acc[t - t0];
+                    const int first = t == t0;
+#define FOLD(R) (int8 ? fold(xm, K, p, k0, k1, a, R, first, 1) : fold(xm, K, p, k0, k1, a, R, first, 0))
+                    switch (FIRST_ROW(t + 1) - FIRST_ROW(t)) {
+                    case 6: FOLD(6); break;
+                    case 5: FOLD(5); break;
+                    case 4: FOLD(4); break;
+                    case 3: FOLD(3); break;
+                    case 2: FOLD(2); break;
+                    default: FOLD(1); break;
+                    }
+#undef FOLD
                 }
-#undef TILE
             }
-            m += rows;
+            for (int64_t t = t0; t < t1; t++)
+                for (int64_t m = FIRST_ROW(t); m < FIRST_ROW(t + 1); m++)
+                    for (int c = 0; c < cols; c++) {
+                        const float a = acc[t - t0][m - FIRST_ROW(t)][c], v = scale ? a * scale[n + c] : a;
+                        y[m * N + n + c] = bias ? v + bias[n + c] : v;
+                    }
         }
     }
+#undef FIRST_ROW
 }
 
 /* y = x w^T + bias for bf16 w [N, K] packed by cpu_gemm.py's `pack`. */

@@ -101,8 +101,8 @@ def test_int8_panels_are_the_product_of_the_quantized_weights(monkeypatch, lib, 
     the memory's speed): (x q^T) scale + bias, the AVX2 build and the plain loops alike, and the
     runner's int8 weights take this path once packed."""
     gen = torch.Generator().manual_seed(3)
-    w = (torch.randn(100, 131, generator=gen) * 0.05).bfloat16()
-    x, bias = torch.randn(9, 131, generator=gen), torch.randn(100, generator=gen)
+    w = (torch.randn(100, 531, generator=gen) * 0.05).bfloat16()  # k in blocks of 256: 2 whole, 1 part
+    x, bias = torch.randn(9, 531, generator=gen), torch.randn(100, generator=gen)
     q = quant.quantize_int8(w)
     want = x.double() @ (q.q.double() * q.scale.double()[:, None]).T + bias.double()
     got = cpu_gemm.linear_int8(x, cpu_gemm.pack_int8(q.q), q.scale, bias, lib)
