@@ -36,6 +36,9 @@ class Int8Weight:
         return self.q.shape
 
 
+Weight = torch.Tensor | Int8Weight | PackedWeight  # a weight matrix as the runner holds it
+
+
 def quantize_int8(w: torch.Tensor) -> Int8Weight:
     scale = w.float().abs().amax(dim=1).clamp_min(1e-8) / 127.0
     q = torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)

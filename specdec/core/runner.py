@@ -32,8 +32,9 @@ from specdec.core.attention import (
     padded_span,
     padding_rule_holds,
 )
+from specdec.core.fused import fuse
 from specdec.core.packed import PackedWeight, packing_supported
-from specdec.core.quant import Int8Weight, int8_supported, linear, pack_weight, quantize_int8
+from specdec.core.quant import Int8Weight, Weight, int8_supported, linear, pack_weight, quantize_int8
 from specdec.core.ragged_batch import RaggedBatch
 from specdec.core.static_step import StaticSteps
 
@@ -54,7 +55,6 @@ class ContextFull(RunnerError):
     pass
 
 
-Weight = torch.Tensor | Int8Weight | PackedWeight
 MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
 
 
@@ -72,14 +72,25 @@ class LayerWeights:
     down: Weight
     input_norm: torch.Tensor
     post_norm: torch.Tensor
+    # q, k and v as one GEMM, and gate and up, where that keeps every output's bits (fused.py);
+    # the forward then multiplies by these, and the parts stay as they were (tp.py reshards them).
+    qkv: Weight | None = None
+    qkv_bias: torch.Tensor | None = None
+    gate_up: Weight | None = None
 
     def quantize(self) -> None:
         for name in MATRICES:
             setattr(self, name, quantize_int8(getattr(self, name)))
 
     def pack(self) -> None:
+        qkv = fuse([self.q, self.k, self.v], [self.q_bias, self.k_bias, self.v_bias])
+        mlp = fuse([self.gate, self.up], [None, None])
+        self.qkv, self.qkv_bias = qkv or (None, None)
+        self.gate_up = mlp[0] if mlp else None
+        joined = (("q", "k", "v") if qkv else ()) + (("gate", "up") if mlp else ())
         for name in MATRICES:
-            setattr(self, name, pack_weight(getattr(self, name)))
+            if name not in joined:
+                setattr(self, name, pack_weight(getattr(self, name)))
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
@@ -370,16 +381,23 @@ class ModelRunner:
         rows, d = x.shape[0], self.head_dim
         for i, w in enumerate(self.layers):
             h = self._rms(x, w.input_norm, invariant)
-            q = self._linear(h, w.q, w.q_bias, invariant).view(rows, -1, d)
-            k = self._linear(h, w.k, w.k_bias, invariant).view(rows, -1, d)
-            v = self._linear(h, w.v, w.v_bias, invariant).view(rows, -1, d)
+            if w.qkv is None:
+                parts = ((w.q, w.q_bias), (w.k, w.k_bias), (w.v, w.v_bias))
+                q, k, v = (self._linear(h, m, b, invariant) for m, b in parts)
+            else:
+                sizes = [w.q.shape[0], w.k.shape[0], w.v.shape[0]]
+                q, k, v = self._linear(h, w.qkv, w.qkv_bias, invariant).split(sizes, -1)
+            q, k, v = q.view(rows, -1, d), k.view(rows, -1, d), v.view(rows, -1, d)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             x = x + self._reduce(self._linear(attend(i, q, k, v), w.o, None, invariant))
             h = self._rms(x, w.post_norm, invariant)
-            gate = self._linear(h, w.gate, None, invariant)
+            if w.gate_up is None:
+                gate, up = self._linear(h, w.gate, None, invariant), self._linear(h, w.up, None, invariant)
+            else:
+                gate, up = self._linear(h, w.gate_up, None, invariant).chunk(2, -1)
             act = _silu(gate) if invariant else F.silu(gate)
-            x = x + self._reduce(self._linear(act * self._linear(h, w.up, None, invariant), w.down, None, invariant))
+            x = x + self._reduce(self._linear(act * up, w.down, None, invariant))
         return x
 
     def _linear(self, x: torch.Tensor, w, bias: torch.Tensor | None, invariant: bool) -> torch.Tensor:

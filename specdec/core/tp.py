@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from specdec.core.packed import PackedWeight
-from specdec.core.quant import Int8Weight
-from specdec.core.runner import ModelRunner, RunnerError, Weight
+from specdec.core.quant import Int8Weight, Weight
+from specdec.core.runner import ModelRunner, RunnerError
 
 log = logging.getLogger(__name__)
 
