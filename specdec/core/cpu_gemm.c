@@ -67,7 +67,7 @@ static inline __attribute__((always_inline)) void fold(const float *x, int64_t K
         lo[r] = _mm256_loadu_ps(acc[r]);
         hi[r] = _mm256_loadu_ps(acc[r] + 8);
     }
-    /* a line each k, one branch fewer than each 64 bytes; the later tiles fetch their own block (a no-op) */
+    /* a prefetch each k, several to a line (cheaper than a branch); a later tile's are of its block, in L1 */
     const char *fetch = (const char *)panel + (first ? AHEAD : 0);
     const __m256i high_halves = _mm256_set1_epi32((int)0xFFFF0000u);
     for (int64_t k = k0; k < k1; k++) {

@@ -13,7 +13,8 @@ import shutil
 import pytest
 import torch
 
-from specdec.core import cpu_build, cpu_gemm, fused, runner as runner_module
+from specdec.core import cpu_build, cpu_gemm, fused
+from specdec.core import runner as runner_module
 from specdec.core.quant import quantize_int8
 from specdec.core.runner import ModelRunner
 from tests.conftest import load_hf
