@@ -25,6 +25,7 @@ SOURCE = Path(__file__).with_name("cpu_gemm.c")
 __all__ = [
     "SOURCE",
     "PANEL",
+    "activation_dtype",
     "declare",
     "kernel",
     "linear",
@@ -58,6 +59,18 @@ def kernel() -> ctypes.CDLL | None:
 def takes(w: torch.Tensor) -> bool:
     """Whether `linear` runs this weight: a plain bf16 CPU weight on a CPU that needs the loop."""
     return w.dtype == torch.bfloat16 and w.device.type == "cpu" and kernel() is not None
+
+
+def activation_dtype(device: torch.device, dtype: torch.dtype, invariant: bool) -> torch.dtype:
+    """What a runner's activations and KV cache are held in: its weights' dtype, except float32 for
+    a runner of bf16 weights in fast numerics (a drafter) on a CPU where this loop runs. The loop
+    multiplies in float32 anyway, so the roundings to bf16 between the layers' operations only cost
+    conversions there, and torch's bf16 attention on such a CPU takes 3-5x its float32 time
+    (docs/results.md, "CPUs without bfloat16 instructions"). A target keeps its model's dtype: its
+    numbers are the model's in that dtype."""
+    if invariant or dtype != torch.bfloat16 or device.type != "cpu" or kernel() is None:
+        return dtype
+    return torch.float32
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from specdec.core.attention import (
     padded_span,
     padding_rule_holds,
 )
+from specdec.core.cpu_gemm import activation_dtype
 from specdec.core.fused import fuse
 from specdec.core.packed import PackedWeight, packing_supported
 from specdec.core.quant import Int8Weight, Weight, int8_supported, linear, pack_weight, quantize_int8
@@ -193,6 +194,7 @@ class ModelRunner:
             raise RunnerError(f"weight_quant must be None or 'int8', got {weight_quant!r}")
 
         self.invariant_numerics = invariant_numerics and not any(isinstance(w.q, Int8Weight) for w in self.layers)
+        self.act_dtype = activation_dtype(self.device, self.dtype, self.invariant_numerics)
         self.packed = False
         if pack_weights:
             self.pack_weights()
@@ -240,8 +242,8 @@ class ModelRunner:
         weights would write to memory no longer in use."""
         extra = 1 if self.static_max_width else 0
         shape = (len(self.layers), self.num_slots + extra, self.num_kv_heads, padded_span(self.max_len), self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.k_cache = torch.zeros(shape, dtype=self.act_dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.act_dtype, device=self.device)
         if self.static_max_width:
             self.static = StaticSteps(self, self.static_max_width)
 
@@ -302,6 +304,10 @@ class ModelRunner:
         return i
 
     # ---- forward -------------------------------------------------------------------------------
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of the token embedding for `ids`, in the dtype the layers compute in."""
+        return F.embedding(ids, self.embed).to(self.act_dtype)
+
     def _rms(self, x: torch.Tensor, weight: torch.Tensor, invariant: bool) -> torch.Tensor:
         # Same arithmetic as HF's RMSNorm: normalise in float32 (the invariant forward: in
         # attention.invariant_dtype), cast back, then scale.
@@ -361,7 +367,7 @@ class ModelRunner:
             attn = self._attention(i, q[:n], batch, bias)
             return F.pad(attn, (0, 0, 0, rows - n)) if rows > n else attn
 
-        x = self._layers(F.embedding(ids, self.embed), positions, invariant, attend)
+        x = self._layers(self.embedding(ids), positions, invariant, attend)
         ends = [at + length for at, length in zip(batch.offsets, batch.lens)]
         picked = [i for end, k in zip(ends, batch.num_logits) for i in range(end - k, end)]
         return self._logits(x, picked, batch.num_logits, invariant)

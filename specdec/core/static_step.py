@@ -115,7 +115,7 @@ class StaticSteps:
         # One buffer, one copy in: ids [max_rows], positions [max_rows], write slots [tokens], row slots.
         self._at = (0, self.max_rows, 2 * self.max_rows, 2 * self.max_rows + tokens)
         self.inputs = torch.zeros(self._at[-1] + self.batches[-1], dtype=torch.long, device=dev)
-        self.hidden = torch.zeros(self.max_rows, runner.embed.shape[1], dtype=runner.dtype, device=dev)
+        self.hidden = torch.zeros(self.max_rows, runner.embed.shape[1], dtype=runner.act_dtype, device=dev)
         self.graphs: dict[tuple[Bucket, bool], torch.cuda.CUDAGraph] = {}
         self._pool = None  # the graphs' one memory pool (capture)
         self.captured: dict = {"buckets": [], "seconds": 0.0, "bytes": 0}
@@ -218,7 +218,7 @@ class StaticSteps:
             out = out.transpose(1, 2)[:, :width].reshape(tokens, -1)
             return F.pad(out, (0, 0, 0, rows - tokens))
 
-        self.hidden[:rows] = r._layers(F.embedding(ids, r.embed), positions, invariant, attend)
+        self.hidden[:rows] = r._layers(r.embedding(ids), positions, invariant, attend)
 
     def _copy_out(self, bucket: Bucket, lens: list[int], n_logits: list[int], invariant: bool) -> list[torch.Tensor]:
         """Logits of the real rows' requested positions, by the eager forward's code."""

@@ -138,7 +138,7 @@ def tree_forward(
         out = out.transpose(1, 2).reshape(len(path_slot) * width, -1)[out_index]
         return F.pad(out, (0, 0, 0, rows - n)) if rows > n else out
 
-    x = runner._layers(F.embedding(ids, runner.embed), positions, invariant, attend)
+    x = runner._layers(runner.embedding(ids), positions, invariant, attend)
     logits = runner._logits(x, list(range(n)), [len(r) for r in tokens], invariant)
     for slot, base, whole, row in zip(slots, bases, trees, tokens):
         runner.lengths[slot] = base + len(whole)
