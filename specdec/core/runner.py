@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec.core import cpu_attention
+from specdec.core import cpu_attention, cpu_rows
 from specdec.core.attention import (
     CPU_GEMM_BLOCK,
     CUDA_GEMM_BLOCK,
@@ -200,8 +200,10 @@ class ModelRunner:
             self.pack_weights()
         else:
             self._check_padding_rule()
-        if self.device.type == "cpu" and self.invariant_numerics:
-            cpu_attention.kernel()  # built (or found) at start-up, not in a request's first forward
+        if self.device.type == "cpu":  # built (or found) at start-up, not in a request's first forward
+            cpu_rows.kernel()
+            if self.invariant_numerics:
+                cpu_attention.kernel()
         if static_shapes is None:
             static_shapes = self.device.type == "cuda"
         self.static: StaticSteps | None = None
@@ -310,7 +312,10 @@ class ModelRunner:
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor, invariant: bool) -> torch.Tensor:
         # Same arithmetic as HF's RMSNorm: normalise in float32 (the invariant forward: in
-        # attention.invariant_dtype), cast back, then scale.
+        # attention.invariant_dtype), cast back, then scale. On a CPU, one compiled call of the same
+        # steps, which sums the squares in its own fixed order (cpu_rows.c).
+        if weight.dtype == torch.bfloat16 and cpu_rows.supports(x):
+            return cpu_rows.rms_norm(x, weight, self.eps)
         h = x.to(invariant_dtype(x.device)) if invariant else x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
@@ -394,8 +399,7 @@ class ModelRunner:
                 sizes = [w.q.shape[0], w.k.shape[0], w.v.shape[0]]
                 q, k, v = self._linear(h, w.qkv, w.qkv_bias, invariant).split(sizes, -1)
             q, k, v = q.view(rows, -1, d), k.view(rows, -1, d), v.view(rows, -1, d)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)
             x = x + self._reduce(self._linear(attend(i, q, k, v), w.o, None, invariant))
             h = self._rms(x, w.post_norm, invariant)
             if w.gate_up is None:
@@ -491,6 +495,14 @@ def _silu(x: torch.Tensor) -> torch.Tensor:
     over (which depend on the tensor's size) with a different exp than the rest."""
     h = x.float()
     return (h / (1 + torch.exp(-h))).to(x.dtype)
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [rows, heads, dim] rotated by cos, sin [rows, 1, dim]: in place by one compiled call on a CPU
+    (cpu_rows.c, torch's bits), else torch's ops."""
+    if cpu_rows.supports(x):
+        return cpu_rows.rotary_(x, cos, sin)
+    return x * cos + _rotate_half(x) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
