@@ -111,6 +111,12 @@ def query_width(width: int, num_heads: int, num_kv_heads: int) -> int:
     return -(-width // step) * step
 
 
+def attention_width(width: int, num_heads: int, num_kv_heads: int, device: torch.device) -> int:
+    """Query positions per row that `invariant_attention` is given on `device`: the row's own width
+    where the compiled loop runs (one query at a time, no padding rule), else `query_width`."""
+    return width if cpu_attention.runs_on(device) else query_width(width, num_heads, num_kv_heads)
+
+
 def invariant_dtype(device: torch.device) -> torch.dtype:
     """What the invariant forward computes its attention and RMS norms in: float32 on a CPU, whose
     kernels round a row the same way at the shapes `gemm_rows` and `query_width` give (tested here);
@@ -144,25 +150,26 @@ def invariant_attention(
 
     q: [B, H, T, D]; keys, values: [B, Hkv, S, D], or with ``slots`` [B] a whole cache layer
     [slots, Hkv, >= S, D] of which batch row b reads slot slots[b]; bias: from `hidden_keys_bias`,
-    [B, 1, 1, T, S] with S a multiple of KEY_BLOCK. Returns [B, H, T, D] in q's dtype. Needs
-    (H // Hkv) * T to be a multiple of MIN_GEMM_ROWS (see `query_width`).
+    [B, 1, 1, T, S] with S a multiple of KEY_BLOCK. Returns [B, H, T, D] in q's dtype. torch's
+    path needs (H // Hkv) * T to be a multiple of MIN_GEMM_ROWS (see `query_width`).
 
     On a CPU, the compiled loop of specdec/core/cpu_attention.c where it can be built: its own fixed
     order of arithmetic, the cache read in place, 1.3-2.5x faster than torch's ops there
     (docs/results.md, "The CPU engine"). Elsewhere `invariant_attention_torch`, the slots' keys
     gathered first. A process takes one of the two for all its forwards."""
     span = bias.shape[-1]
-    _check_shapes(q, keys.shape[1], span)
-    if cpu_attention.supports(q):
+    compiled = cpu_attention.supports(q)
+    _check_shapes(q, keys.shape[1], span, compiled)
+    if compiled:
         return cpu_attention.attend(q, keys, values, bias, scale, slots)
     if slots is not None:
         keys, values = keys[slots, :, :span], values[slots, :, :span]
     return invariant_attention_torch(q, keys, values, bias, scale)
 
 
-def _check_shapes(q: torch.Tensor, kv_heads: int, span: int) -> None:
+def _check_shapes(q: torch.Tensor, kv_heads: int, span: int, compiled: bool) -> None:
     group, width = q.shape[1] // kv_heads, q.shape[2]
-    if span % KEY_BLOCK or (group * width) % MIN_GEMM_ROWS:
+    if span % KEY_BLOCK or (not compiled and (group * width) % MIN_GEMM_ROWS):
         raise ValueError(
             f"invariant_attention: span {span} must be a multiple of {KEY_BLOCK} and "
             f"(H/Hkv)*T = {group * width} a multiple of {MIN_GEMM_ROWS}"
@@ -181,7 +188,7 @@ def invariant_attention_torch(
     batch, heads, width, dim = q.shape
     kv_heads, span = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    _check_shapes(q, kv_heads, span)
+    _check_shapes(q, kv_heads, span, compiled=False)
     if batch > 1 and q.device.type == "cpu" and group * width >= SPLIT_MIN_ROWS:
         # Rows of a batch far apart (a chunk deep into one prompt beside the first of another) each
         # go over their own keys: the blocks left out are hidden from them, so their numbers are the

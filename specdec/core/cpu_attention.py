@@ -23,7 +23,7 @@ from specdec.core.cpu_build import library
 
 SOURCE = Path(__file__).with_name("cpu_attention.c")
 
-__all__ = ["SOURCE", "attend", "declare", "kernel", "supports"]
+__all__ = ["SOURCE", "attend", "declare", "kernel", "runs_on", "supports"]
 
 
 def declare(lib: ctypes.CDLL) -> None:
@@ -38,9 +38,14 @@ def kernel() -> ctypes.CDLL | None:
     return library(SOURCE, declare, "attention")
 
 
+def runs_on(device: torch.device) -> bool:
+    """Whether the C loop computes attention on this device: a CPU, where the library is built."""
+    return device.type == "cpu" and kernel() is not None
+
+
 def supports(q: torch.Tensor) -> bool:
     """Whether the C loop takes this call: CPU tensors, where the library is built."""
-    return q.device.type == "cpu" and kernel() is not None
+    return runs_on(q.device)
 
 
 def attend(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.core.attention import gemm_rows, query_width
+from specdec.core.attention import attention_width, gemm_rows
 
 if TYPE_CHECKING:
     from specdec.core.runner import ModelRunner
@@ -52,7 +52,7 @@ class RaggedBatch:
         dev = runner.device
         width, n = max(lens), sum(lens)
         if invariant:
-            width = query_width(width, runner.num_heads, runner.num_kv_heads)
+            width = attention_width(width, runner.num_heads, runner.num_kv_heads, dev)
         lens_t = torch.tensor(lens, dtype=torch.long, device=dev)
         offsets = torch.arange(width, device=dev)
         valid = offsets[None, :] < lens_t[:, None]

@@ -364,7 +364,10 @@ class ModelRunner:
         positions = torch.zeros(rows, dtype=torch.long, device=dev)
         positions[:n] = batch.pack(batch.positions)
         write_slot = batch.slot_t.repeat_interleave(batch.lens_t)
-        bias = hidden_keys_bias(batch.query_positions, padded_span(batch.span)) if invariant else None
+        # The compiled loop on a CPU takes a fast forward's attention too: it reads the cache in place,
+        # where SDPA's call costs more than its arithmetic at a decode step's few queries.
+        compiled = cpu_attention.runs_on(dev)
+        bias = hidden_keys_bias(batch.query_positions, padded_span(batch.span)) if invariant or compiled else None
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.k_cache[i][write_slot, :, positions[:n]] = k[:n]
@@ -422,7 +425,8 @@ class ModelRunner:
 
     def _attention(self, layer: int, q: torch.Tensor, batch: RaggedBatch, bias: torch.Tensor | None) -> torch.Tensor:
         """Attention of the packed queries q [n, H, D] over their rows' caches; returns [n, H*D].
-        With `bias` (from `hidden_keys_bias`), the invariant attention; without, SDPA."""
+        With `bias` (from `hidden_keys_bias`), the invariant attention (on a CPU, the compiled loop);
+        without, SDPA."""
         b, width = len(batch.slots), batch.width
         q = batch.unpack(q).transpose(1, 2)  # [B, H, width, D]
         span = batch.span if bias is None else bias.shape[-1]

@@ -30,7 +30,7 @@ over positions nobody asked logits of (a prompt chunk), and the buffer holds [ro
 Lossless (docs/design.md, invariant 2): a real row's numbers do not depend on its bucket. The weight
 GEMMs run over ``gemm_rows(batch * width)`` rows, which rounds every row as any other such count does
 (attention.py's padding rule, or ``runner.gemm_block`` where the rule fails); the attention's query
-width is ``query_width`` of the bucket's, and the keys past a query's position, whatever the span, add
+width is ``attention_width`` of the bucket's, and the keys past a query's position, whatever the span, add
 exact zeros (attention.py). tests/unit/test_static_step.py checks the logits bitwise against the eager
 forward, and that padding written into a real slot is caught.
 
@@ -52,11 +52,11 @@ import torch
 import torch.nn.functional as F
 
 from specdec.core.attention import (
+    attention_width,
     gemm_rows,
     hidden_keys_bias,
     invariant_attention,
     padded_span,
-    query_width,
 )
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ class StaticSteps:
         ids, positions, write_slot, row_slot = self.views(bucket, invariant)
         rows, (batch, width, span) = ids.shape[0], (bucket.batch, bucket.width, bucket.span)
         tokens = batch * width
-        q_width = query_width(width, r.num_heads, r.num_kv_heads) if invariant else width
+        q_width = attention_width(width, r.num_heads, r.num_kv_heads, r.device) if invariant else width
         write_at = positions[:tokens]
         # Query positions [batch, q_width]; columns past the bucket's width are position 0 (see above).
         query_pos = F.pad(write_at.view(batch, width), (0, q_width - width))

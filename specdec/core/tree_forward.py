@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from specdec.core.attention import gemm_rows, hidden_keys_bias, invariant_attention, padded_span, query_width
+from specdec.core.attention import attention_width, gemm_rows, hidden_keys_bias, invariant_attention, padded_span
 from specdec.core.token_tree import check_parents, depths, leaf_paths
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def tree_forward(
             done.update(path)
     width = max(len(q) for q in path_queries)
     if invariant:
-        width = query_width(width, runner.num_heads, runner.num_kv_heads)
+        width = attention_width(width, runner.num_heads, runner.num_kv_heads, dev)
     span = padded_span(max(base + len(path) for base, path in zip(path_base, path_nodes)))
     # Where each path's key j is in its slot's cache: the chain, then the path's nodes; the places
     # past the path read the chain's first key, hidden from every query (an exact zero weight).

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.core import cpu_attention, cpu_build
-from specdec.core.attention import hidden_keys_bias, invariant_attention, padded_span
+from specdec.core.attention import attention_width, hidden_keys_bias, invariant_attention, padded_span
 from specdec.core.runner import ModelRunner
 from tests.conftest import load_hf, skip_for_environment
 
@@ -169,15 +169,22 @@ def test_each_instruction_set_gives_the_same_bits(tmp_path, monkeypatch, march):
     assert all(torch.equal(a, b) for a, b in zip(native, again))
 
 
-def test_the_runner_path_takes_the_compiled_loop_and_checks_shapes():
+def test_the_runner_path_takes_the_compiled_loop_and_checks_shapes(monkeypatch):
     keys, values = _cache(2, 2, 256, 128)
     q = torch.randn(2, 12, 2, 128).bfloat16()
     bias = hidden_keys_bias(torch.tensor([[50, 51], [70, 71]]), 128)
     slots = torch.tensor([1, 0])
-    assert torch.equal(
-        invariant_attention(q, keys, values, bias, SCALE, slots=slots),
-        cpu_attention.attend(q, keys, values, bias, SCALE, slots),
-    )
+    both = invariant_attention(q, keys, values, bias, SCALE, slots=slots)
+    assert torch.equal(both, cpu_attention.attend(q, keys, values, bias, SCALE, slots))
+    # The loop takes one query per row as it is (attention_width: no padding to torch's GEMM rule),
+    # with the bits that query has beside another.
+    one = invariant_attention(q[:, :, :1], keys, values, bias[..., :1, :], SCALE, slots=slots)
+    assert torch.equal(one, both[:, :, :1])
+    assert attention_width(1, 12, 2, torch.device("cpu")) == 1
+    with pytest.raises(ValueError, match="multiple of"):
+        invariant_attention(q, keys, values, bias[..., :100], SCALE, slots=slots)  # a span of 100 keys
+    monkeypatch.setattr(cpu_attention, "kernel", lambda: None)  # torch's path: its padding rule
+    assert attention_width(1, 12, 2, torch.device("cpu")) == 2
     with pytest.raises(ValueError, match="multiple of"):
         invariant_attention(q[:, :, :1], keys, values, bias[..., :1, :], SCALE, slots=slots)
 
