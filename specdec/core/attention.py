@@ -14,7 +14,9 @@ attention with explicit reductions whose order is fixed by construction:
   blocks past a query's own position add exact zeros and change nothing (and are skipped).
 
 That is `invariant_attention_torch`, a GPU's path. A CPU runs specdec/core/cpu_attention.c instead:
-the same rules in one compiled loop, which reads the bf16 cache directly and needs no padding rule.
+the same rules in one compiled loop, which reads the cache directly and needs no padding rule (so a
+row's queries go in as they are: `attention_width`). There every runner's forward takes it, a
+drafter's fast one too: at a decode step's few queries SDPA's call costs more than its arithmetic.
 """
 
 from __future__ import annotations
