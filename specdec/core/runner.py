@@ -28,12 +28,12 @@ from specdec.core.attention import (
     gemm_rows,
     hidden_keys_bias,
     invariant_attention,
-    invariant_dtype,
     padded_span,
     padding_rule_holds,
 )
 from specdec.core.cpu_gemm import activation_dtype
 from specdec.core.fused import fuse
+from specdec.core.layer_ops import rms_norm, rotary, silu
 from specdec.core.packed import PackedWeight, packing_supported
 from specdec.core.quant import Int8Weight, Weight, int8_supported, linear, pack_weight, quantize_int8
 from specdec.core.ragged_batch import RaggedBatch
@@ -310,16 +310,6 @@ class ModelRunner:
         """The rows of the token embedding for `ids`, in the dtype the layers compute in."""
         return F.embedding(ids, self.embed).to(self.act_dtype)
 
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor, invariant: bool) -> torch.Tensor:
-        # Same arithmetic as HF's RMSNorm: normalise in float32 (the invariant forward: in
-        # attention.invariant_dtype), cast back, then scale. On a CPU, one compiled call of the same
-        # steps, which sums the squares in its own fixed order (cpu_rows.c).
-        if weight.dtype == torch.bfloat16 and cpu_rows.supports(x):
-            return cpu_rows.rms_norm(x, weight, self.eps)
-        h = x.to(invariant_dtype(x.device)) if invariant else x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(x.dtype)
-
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.all_reduce is not None:
             self.all_reduce(x)
@@ -394,7 +384,7 @@ class ModelRunner:
         cos, sin = cos[0, :, None], sin[0, :, None]  # [rows, 1, D]
         rows, d = x.shape[0], self.head_dim
         for i, w in enumerate(self.layers):
-            h = self._rms(x, w.input_norm, invariant)
+            h = rms_norm(x, w.input_norm, self.eps, invariant)
             if w.qkv is None:
                 parts = ((w.q, w.q_bias), (w.k, w.k_bias), (w.v, w.v_bias))
                 q, k, v = (self._linear(h, m, b, invariant) for m, b in parts)
@@ -402,14 +392,14 @@ class ModelRunner:
                 sizes = [w.q.shape[0], w.k.shape[0], w.v.shape[0]]
                 q, k, v = self._linear(h, w.qkv, w.qkv_bias, invariant).split(sizes, -1)
             q, k, v = q.view(rows, -1, d), k.view(rows, -1, d), v.view(rows, -1, d)
-            q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
             x = x + self._reduce(self._linear(attend(i, q, k, v), w.o, None, invariant))
-            h = self._rms(x, w.post_norm, invariant)
+            h = rms_norm(x, w.post_norm, self.eps, invariant)
             if w.gate_up is None:
                 gate, up = self._linear(h, w.gate, None, invariant), self._linear(h, w.up, None, invariant)
             else:
                 gate, up = self._linear(h, w.gate_up, None, invariant).chunk(2, -1)
-            act = _silu(gate) if invariant else F.silu(gate)
+            act = silu(gate, invariant)
             x = x + self._reduce(self._linear(act * up, w.down, None, invariant))
         return x
 
@@ -465,7 +455,7 @@ class ModelRunner:
 
     def _head(self, h: torch.Tensor, invariant: bool) -> torch.Tensor:
         """The final norm and the lm_head (this rank's vocabulary slice), in the model's dtype."""
-        return self._linear(self._rms(h, self.final_norm, invariant), self.lm_head, None, invariant)
+        return self._linear(rms_norm(h, self.final_norm, self.eps, invariant), self.lm_head, None, invariant)
 
 
 def _check_rows(
@@ -492,23 +482,3 @@ def _check_rows(
     if min(min(row) for row in tokens) < 0 or max(max(row) for row in tokens) >= runner.vocab_size:
         raise RunnerError(f"token ids must be in [0, {runner.vocab_size})")
     return n_logits, lens, starts
-
-
-def _silu(x: torch.Tensor) -> torch.Tensor:
-    """SiLU in float32 from exp and division: F.silu computes the elements a vector loop leaves
-    over (which depend on the tensor's size) with a different exp than the rest."""
-    h = x.float()
-    return (h / (1 + torch.exp(-h))).to(x.dtype)
-
-
-def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [rows, heads, dim] rotated by cos, sin [rows, 1, dim]: in place by one compiled call on a CPU
-    (cpu_rows.c, torch's bits), else torch's ops."""
-    if cpu_rows.supports(x):
-        return cpu_rows.rotary_(x, cos, sin)
-    return x * cos + _rotate_half(x) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specdec.core import cpu_build, cpu_rows
-from specdec.core.runner import ModelRunner, _rotate_half
+from specdec.core.layer_ops import rotate_half
+from specdec.core.runner import ModelRunner
 from tests.conftest import load_hf, skip_for_environment
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs a C compiler (gcc)")
@@ -49,7 +50,7 @@ def test_the_rotary_embedding_gives_torchs_bits(compiled, dtype):
     joint = torch.randn(rows, heads * dim + 3 * dim, generator=g).to(dtype)
     q = joint[:, : heads * dim].view(rows, heads, dim)
     cos, sin = (torch.randn(rows, 1, dim, generator=g).to(dtype) for _ in range(2))
-    want = q * cos + _rotate_half(q) * sin
+    want = q * cos + rotate_half(q) * sin
     tail = joint[:, heads * dim :].clone()
     got = cpu_rows.rotary_(q, cos, sin)
     assert got.data_ptr() == joint.data_ptr() and torch.equal(got, want)

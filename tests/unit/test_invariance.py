@@ -294,7 +294,7 @@ def test_the_cuda_numerics_keep_a_row_independent_of_the_forward(tiny_paths, mon
     (attention.invariant_dtype: a CUDA float32 batched GEMM rounds a row by the batch's size). The
     same code in float64 on this CPU keeps the property above; the GPU's own run of it is
     ``scripts/gpu_check.py --parts engine`` (every speculative output against k = 0)."""
-    import specdec.core.runner as runner_module
+    import specdec.core.layer_ops as layer_ops
 
     asked = []
 
@@ -303,8 +303,9 @@ def test_the_cuda_numerics_keep_a_row_independent_of_the_forward(tiny_paths, mon
         return torch.float64
 
     monkeypatch.setattr(attention, "invariant_dtype", float64)
-    monkeypatch.setattr(runner_module, "invariant_dtype", float64)
+    monkeypatch.setattr(layer_ops, "invariant_dtype", float64)
     monkeypatch.setattr(attention.cpu_attention, "kernel", lambda: None)  # the GPU's attention path
+    monkeypatch.setattr(layer_ops.cpu_rows, "kernel", lambda: None)  # and its norms
     model = load_hf(tiny_paths["llama"], dtype=torch.bfloat16)
     sequence = [random.Random(5).randrange(model.config.vocab_size) for _ in range(32)]
     case = Case("llama-bf16, float64 attention and norms", model, sequence, _decode_one_by_one(model, sequence), 6)
