@@ -5,10 +5,11 @@
  * Values are bfloat16 (`bf16` = 1: rounded to nearest even after every operation that torch rounds
  * after, so the same roundings as its bf16 ops) or float32 (`bf16` = 0: a drafter's activations).
  *
- * rms_norm: y = w * (h / sqrt(mean(h^2) + eps)), h the row in float32. The sum of squares is a
- * fixed fold: LANES partial sums over the elements i = j (mod LANES), folded left to right, then the
- * rest in order. So a row's result depends on nothing but the row (docs/design.md, invariant 2). In
- * bf16, h / sqrt(...) is rounded to bf16 before the product with w, as HF's Llama and Qwen2 norms do.
+ * rms_norm: y = w * (h * (1 / sqrt(mean(h^2) + eps))), h the row in float32. The sum of squares is
+ * a fixed fold: LANES partial sums over the elements i = j (mod LANES), folded left to right, then
+ * the rest in order. So a row's result depends on nothing but the row (docs/design.md, invariant 2).
+ * In bf16, h * (1 / sqrt(...)) is rounded to bf16 before the product with w, as HF's Llama and
+ * Qwen2 norms do.
  *
  * rotary: x[d] cos[d] - x[d + D/2] sin[d] and x[d + D/2] cos[d + D/2] + x[d] sin[d + D/2], in place,
  * each product and the sum rounded as torch's `x * cos + rotate_half(x) * sin` rounds them: the same

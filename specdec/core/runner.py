@@ -202,8 +202,7 @@ class ModelRunner:
             self._check_padding_rule()
         if self.device.type == "cpu":  # built (or found) at start-up, not in a request's first forward
             cpu_rows.kernel()
-            if self.invariant_numerics:
-                cpu_attention.kernel()
+            cpu_attention.kernel()
         if static_shapes is None:
             static_shapes = self.device.type == "cuda"
         self.static: StaticSteps | None = None
