@@ -8,12 +8,15 @@ call or of an earlier one (a drafter grows its tree a level per forward). The we
 the new nodes packed, as a ragged forward runs over tokens, and round each node as any other row
 count does (attention.py's padding rule).
 
-The attention is where a tree could change the numbers: the invariant attention sums a query's
-visible keys in an order fixed by their places in the key span, so a node must find its ancestors
-at the places a chain would hold them, ``base + depth``, not where the tree is stored. So each
-root-to-leaf path is attended as a row of its own, its keys gathered into a chain (the slot's
-chain, then the path's nodes); each node is computed in the first path that holds it. Keys past a
-node's position add exact zeros, whatever the path holds there (docs/design.md, "Token trees").
+The attention is where a tree could change the numbers. On a CPU the compiled loop
+(cpu_attention.c) folds over a query's visible keys in the order of their places and skips hidden
+ones, and a node's ancestors come before it in tree order: so each slot is one attention row read in
+place, each node seeing the chain and the places of its ancestors and itself, and a node meets the
+keys a chain would give it in the same order. torch's invariant attention (a GPU's) sums over the
+places of a key span, hidden keys as exact zeros, so there a node must find its ancestors at the
+places a chain would hold them, ``base + depth``: each root-to-leaf path is attended as a row of
+its own, its keys gathered into a chain (the slot's chain, then the path's nodes), each node in
+the first path that holds it (docs/design.md, "Token trees").
 
 The nodes' keys and values are stored in the slot at ``base + i`` (tree order), and the runner
 remembers the tree (``runner.trees``) until `keep_path` moves one path into chain order, in place,
@@ -22,12 +25,14 @@ and forgets the rest, or a rollback to the chain drops it. No other forward of t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from specdec.core import cpu_attention
 from specdec.core.attention import attention_width, gemm_rows, hidden_keys_bias, invariant_attention, padded_span
 from specdec.core.token_tree import check_parents, depths, leaf_paths
 
@@ -86,10 +91,86 @@ def tree_forward(
         [base + first + i for base, first, row in zip(bases, firsts, tokens) for i in range(len(row))], device=dev
     )
 
+    nodes = _Nodes(list(slots), bases, trees, firsts, offsets, n, rows)
+    # The new nodes' keys and values go to their places in the slots, then the attention.
+    in_order = _slot_order_attention if cpu_attention.runs_on(dev) else _path_attention
+    attention = in_order(runner, nodes, invariant)
+
+    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        runner.k_cache[layer][store_slot, :, store_at] = k[:n]
+        runner.v_cache[layer][store_slot, :, store_at] = v[:n]
+        out = attention(layer, q[:n])
+        return F.pad(out, (0, 0, 0, rows - n)) if rows > n else out
+
+    x = runner._layers(runner.embedding(ids), positions, invariant, attend)
+    logits = runner._logits(x, list(range(n)), [len(r) for r in tokens], invariant)
+    for slot, base, whole, row in zip(slots, bases, trees, tokens):
+        runner.lengths[slot] = base + len(whole)
+        runner.slot_tokens[slot].extend(int(t) for t in row)
+        runner.trees[slot] = (base, whole)
+    return logits
+
+
+@dataclass
+class _Nodes:
+    """A tree forward's rows: per slot, its chain's length (base), its whole tree's parents, this
+    call's first node and where its nodes start among the n packed ones (padded to `rows`)."""
+
+    slots: list[int]
+    bases: list[int]
+    trees: list[list[int]]
+    firsts: list[int]
+    offsets: list[int]
+    n: int
+    rows: int
+
+
+Attention = Callable[[int, torch.Tensor], torch.Tensor]  # (layer, q [n, H, D]) -> [n, H * D]
+
+
+def _slot_order_attention(runner: ModelRunner, nodes: _Nodes, invariant: bool) -> Attention:
+    """The compiled loop's attention (a CPU's), the cache read in place: one attention row per slot,
+    each node's query seeing the slot's chain and the places of its ancestors and itself. The loop
+    folds over a query's visible keys in the order of their places and skips the hidden ones, and
+    an ancestor's index is below its child's, so a node meets the keys of the chain and of its path
+    in the order and with the values a chain decoded one token at a time gives it: the same bits
+    (tests/unit/test_tree_forward.py), in either numerics (the loop has one)."""
+    dev, n = runner.device, nodes.n
+    width = max(len(whole) - first for whole, first in zip(nodes.trees, nodes.firsts))
+    span = padded_span(max(base + len(whole) for base, whole in zip(nodes.bases, nodes.trees)))
+    bias = torch.full((len(nodes.slots), width, span), float("-inf"))
+    q_index = torch.full((len(nodes.slots), width), n, dtype=torch.long)  # n: a zero row (padding)
+    out_index = torch.empty(n, dtype=torch.long)
+    for b, (base, whole, first, off) in enumerate(zip(nodes.bases, nodes.trees, nodes.firsts, nodes.offsets)):
+        bias[b, :, :base] = 0.0  # every node sees the chain
+        for col, i in enumerate(range(first, len(whole))):
+            node = i
+            while node >= 0:  # itself and its ancestors
+                bias[b, col, base + node] = 0.0
+                node = whole[node]
+            q_index[b, col] = off + col
+            out_index[off + col] = b * width + col
+    bias, q_index, out_index = bias[:, None, None].to(dev), q_index.to(dev), out_index.to(dev)
+    slot_t = torch.as_tensor(nodes.slots, dtype=torch.long, device=dev)
+    scale = runner.head_dim**-0.5
+
+    def attention(layer: int, q: torch.Tensor) -> torch.Tensor:
+        queries = F.pad(q, (0, 0, 0, 0, 0, 1))[q_index].transpose(1, 2)  # [slots, H, width, D]
+        out = invariant_attention(queries, runner.k_cache[layer], runner.v_cache[layer], bias, scale, slots=slot_t)
+        return out.transpose(1, 2).reshape(len(nodes.slots) * width, -1)[out_index]
+
+    return attention
+
+
+def _path_attention(runner: ModelRunner, nodes: _Nodes, invariant: bool) -> Attention:
+    """The attention of a forward's tree nodes as torch computes it (a GPU's, a CPU's without the
+    compiled loop): each root-to-leaf path among the new nodes a row of its own, its keys gathered
+    into chain order."""
+    dev, n = runner.device, nodes.n
     # One attention row per path to a leaf among the new nodes: its keys the slot's chain and the
     # path's nodes in chain order, its queries the new nodes it is the first path to hold.
     path_slot, path_base, path_nodes, path_queries = [], [], [], []
-    for slot, base, whole, first, off in zip(slots, bases, trees, firsts, offsets):
+    for slot, base, whole, first, off in zip(nodes.slots, nodes.bases, nodes.trees, nodes.firsts, nodes.offsets):
         done: set[int] = set()
         for path in leaf_paths(whole):
             if path[-1] < first:
@@ -122,29 +203,20 @@ def tree_forward(
     bias = hidden_keys_bias(q_pos, span) if invariant else None
     visible = None if invariant else (torch.arange(span, device=dev) <= q_pos[:, :, None])[:, None]
 
-    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attention(layer: int, q: torch.Tensor) -> torch.Tensor:
         kc, vc = runner.k_cache[layer], runner.v_cache[layer]
-        kc[store_slot, :, store_at] = k[:n]
-        vc[store_slot, :, store_at] = v[:n]
         keys = kc[key_slot, :, key_at].transpose(1, 2)  # [paths, Hkv, span, D], one gather per layer
         vals = vc[key_slot, :, key_at].transpose(1, 2)
-        queries = F.pad(q[:n], (0, 0, 0, 0, 0, 1))[q_index].transpose(1, 2)  # [paths, H, width, D]
+        queries = F.pad(q, (0, 0, 0, 0, 0, 1))[q_index].transpose(1, 2)  # [paths, H, width, D]
         if invariant:
             out = invariant_attention(queries, keys, vals, bias, runner.head_dim**-0.5)
         else:
             out = F.scaled_dot_product_attention(
                 queries, keys, vals, attn_mask=visible, enable_gqa=queries.shape[1] != keys.shape[1]
             )
-        out = out.transpose(1, 2).reshape(len(path_slot) * width, -1)[out_index]
-        return F.pad(out, (0, 0, 0, rows - n)) if rows > n else out
+        return out.transpose(1, 2).reshape(len(path_slot) * width, -1)[out_index]
 
-    x = runner._layers(runner.embedding(ids), positions, invariant, attend)
-    logits = runner._logits(x, list(range(n)), [len(r) for r in tokens], invariant)
-    for slot, base, whole, row in zip(slots, bases, trees, tokens):
-        runner.lengths[slot] = base + len(whole)
-        runner.slot_tokens[slot].extend(int(t) for t in row)
-        runner.trees[slot] = (base, whole)
-    return logits
+    return attention
 
 
 def keep_path(runner: ModelRunner, slot: int, path: Sequence[int]) -> None:

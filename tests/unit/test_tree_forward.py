@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec.core import cpu_attention
 from specdec.core.runner import ContextFull, ModelRunner, RunnerError
 from specdec.core.token_tree import chain_parents, depths, leaf_paths, merge_branches, walk, within_depth
 from specdec.core.tree_forward import keep_path, tree_forward
@@ -27,13 +28,24 @@ def model(request, tiny_paths):
     return load_hf(path, dtype=dtype)
 
 
+@pytest.fixture(params=["compiled", "torch"])
+def loop(request, monkeypatch):
+    """Which attention the process runs: the compiled loop over each slot in place, or torch's over
+    each path gathered (a GPU's); the chain's logits come from the same one."""
+    if request.param == "compiled" and cpu_attention.kernel() is None:
+        pytest.skip("no C compiler: the compiled attention loop is not built")
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_attention, "kernel", lambda: None)
+    return request.param
+
+
 def _tokens(vocab: int, n: int, seed: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _chain_logits(model, prompt: list[int], path_tokens: list[int]) -> torch.Tensor:
+def _chain_logits(model, prompt: list[int], path_tokens: list[int], invariant: bool = True) -> torch.Tensor:
     """The logits of `path_tokens` appended one forward per token (a decode loop)."""
-    runner = ModelRunner(model, num_slots=1, max_len=128)
+    runner = ModelRunner(model, num_slots=1, max_len=128, invariant_numerics=invariant)
     slot = runner.alloc_slot()
     runner.forward([slot], [prompt], num_logits=0)
     return torch.cat([runner.forward([slot], [[t]])[0] for t in path_tokens])
@@ -50,7 +62,7 @@ def _tree_in_cache(model):
     return runner, slot, prompt, tree
 
 
-def test_every_node_has_its_chain_logits(model):
+def test_every_node_has_its_chain_logits(model, loop):
     vocab = model.config.vocab_size
     prompts = [_tokens(vocab, 21, 1), _tokens(vocab, 70, 2)]  # the second crosses a key block
     trees = [_tokens(vocab, len(TREE_PARENTS), 3), _tokens(vocab, 4, 4)]
@@ -89,7 +101,23 @@ def test_a_wrong_place_in_the_cache_is_caught(tiny_paths):
     assert not torch.equal(got, _chain_logits(model, prompt, [tree[i] for i in path] + [1])[-1:])
 
 
-def test_a_tree_grown_level_by_level_has_the_same_logits(model):
+def test_a_drafters_tree_has_its_chain_logits_where_the_loop_runs(model):
+    """A drafter's fast forward: on a CPU the compiled loop is its attention too, which has one
+    order of arithmetic, so its tree's nodes get the fast chain's bits as well (torch's fast
+    attention, SDPA, promises nothing of the kind; a drafter's numbers need not hold)."""
+    if cpu_attention.kernel() is None:
+        pytest.skip("no C compiler: the compiled attention loop is not built")
+    vocab = model.config.vocab_size
+    prompt, tree = _tokens(vocab, 50, 10), _tokens(vocab, len(TREE_PARENTS), 11)
+    runner = ModelRunner(model, num_slots=1, max_len=128, invariant_numerics=False)
+    slot = runner.alloc_slot()
+    runner.forward([slot], [prompt], num_logits=0)
+    got = tree_forward(runner, [slot], [tree], [TREE_PARENTS])[0]
+    for path in leaf_paths(TREE_PARENTS):
+        assert torch.equal(got[path], _chain_logits(model, prompt, [tree[i] for i in path], invariant=False))
+
+
+def test_a_tree_grown_level_by_level_has_the_same_logits(model, loop):
     """A drafter adds a level per forward, its nodes' parents in earlier calls."""
     vocab = model.config.vocab_size
     prompt, tree = _tokens(vocab, 40, 8), _tokens(vocab, len(TREE_PARENTS), 9)
