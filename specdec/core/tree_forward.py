@@ -141,15 +141,18 @@ def _slot_order_attention(runner: ModelRunner, nodes: _Nodes, invariant: bool) -
     bias = torch.full((len(nodes.slots), width, span), float("-inf"))
     q_index = torch.full((len(nodes.slots), width), n, dtype=torch.long)  # n: a zero row (padding)
     out_index = torch.empty(n, dtype=torch.long)
+    seen: list[tuple[int, int, int]] = []  # (row, query, key place) of each node's own path
     for b, (base, whole, first, off) in enumerate(zip(nodes.bases, nodes.trees, nodes.firsts, nodes.offsets)):
         bias[b, :, :base] = 0.0  # every node sees the chain
         for col, i in enumerate(range(first, len(whole))):
             node = i
             while node >= 0:  # itself and its ancestors
-                bias[b, col, base + node] = 0.0
+                seen.append((b, col, base + node))
                 node = whole[node]
-            q_index[b, col] = off + col
-            out_index[off + col] = b * width + col
+        cols = len(whole) - first
+        q_index[b, :cols] = torch.arange(off, off + cols)
+        out_index[off : off + cols] = torch.arange(b * width, b * width + cols)
+    bias[tuple(torch.tensor(seen).T)] = 0.0
     bias, q_index, out_index = bias[:, None, None].to(dev), q_index.to(dev), out_index.to(dev)
     slot_t = torch.as_tensor(nodes.slots, dtype=torch.long, device=dev)
     scale = runner.head_dim**-0.5
