@@ -91,12 +91,14 @@ def tree_forward(
         [base + first + i for base, first, row in zip(bases, firsts, tokens) for i in range(len(row))], device=dev
     )
 
-    nodes = _Nodes(list(slots), bases, trees, firsts, offsets, n, rows)
-    # The new nodes' keys and values go to their places in the slots, then the attention.
-    in_order = _slot_order_attention if cpu_attention.runs_on(dev) else _path_attention
-    attention = in_order(runner, nodes, invariant)
+    nodes = _Nodes(list(slots), bases, trees, firsts, offsets, n)
+    if cpu_attention.runs_on(dev):
+        attention = _slot_order_attention(runner, nodes)
+    else:
+        attention = _path_attention(runner, nodes, invariant)
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # The new nodes' keys and values go to their places in the slots, then the attention.
         runner.k_cache[layer][store_slot, :, store_at] = k[:n]
         runner.v_cache[layer][store_slot, :, store_at] = v[:n]
         out = attention(layer, q[:n])
@@ -114,7 +116,7 @@ def tree_forward(
 @dataclass
 class _Nodes:
     """A tree forward's rows: per slot, its chain's length (base), its whole tree's parents, this
-    call's first node and where its nodes start among the n packed ones (padded to `rows`)."""
+    call's first node and where its nodes start among the n packed ones."""
 
     slots: list[int]
     bases: list[int]
@@ -122,13 +124,12 @@ class _Nodes:
     firsts: list[int]
     offsets: list[int]
     n: int
-    rows: int
 
 
 Attention = Callable[[int, torch.Tensor], torch.Tensor]  # (layer, q [n, H, D]) -> [n, H * D]
 
 
-def _slot_order_attention(runner: ModelRunner, nodes: _Nodes, invariant: bool) -> Attention:
+def _slot_order_attention(runner: ModelRunner, nodes: _Nodes) -> Attention:
     """The compiled loop's attention (a CPU's), the cache read in place: one attention row per slot,
     each node's query seeing the slot's chain and the places of its ancestors and itself. The loop
     folds over a query's visible keys in the order of their places and skips the hidden ones, and
