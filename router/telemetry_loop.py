@@ -21,7 +21,6 @@ from router import clock
 from router.config import RebalanceConfig
 from router.metrics import Metrics
 from router.workers import WorkerClient
-from specdec.rpc import worker_pb2
 from specdec.rpc.telemetry import sample_from_proto
 
 log = logging.getLogger(__name__)
@@ -81,7 +80,7 @@ class TelemetryLoop:
     async def _poll(self, w: WorkerClient) -> None:
         address = w.address
         try:
-            info = await w.stub.Info(worker_pb2.InfoRequest(), timeout=max(5.0, 2 * self.cfg.period_s))
+            info = await w.fetch_info(timeout=max(5.0, 2 * self.cfg.period_s))
         except (grpc.aio.AioRpcError, AttributeError) as exc:
             log.debug("telemetry poll of %s failed: %s", w.name, exc)
             return

@@ -25,7 +25,7 @@ import grpc
 from router import clock
 from specdec.rpc import tracing, worker_pb2, worker_pb2_grpc
 from specdec.rpc.telemetry import COMPUTE_METADATA_KEY
-from specdec.rpc.worker_secret import aio_client_interceptors
+from specdec.rpc.worker_secret import secret_metadata
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class WorkerClient:
         self.address: str | None = None
         self.channel: grpc.aio.Channel | None = None
         self.stub: Any = None
+        self._secret: tuple[tuple[str, str], ...] = ()  # the worker secret's metadata, sent with every call
         self.info: worker_pb2.WorkerInfo | None = None
         self._info_address: str | None = None  # where `info` came from
         self.telemetry = None  # latest specdec.rpc.telemetry.DeviceSample (router/telemetry_loop.py polls it)
@@ -145,10 +146,9 @@ class WorkerClient:
         if address == self.address and self.channel is not None:
             return
         old = self.channel
+        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
         # every call carries the deployment's worker secret (specdec.rpc.worker_secret)
-        self.channel = grpc.aio.insecure_channel(
-            address, options=_CHANNEL_OPTIONS, interceptors=aio_client_interceptors()
-        )
+        self._secret = secret_metadata()
         stub_cls = worker_pb2_grpc.DraftServiceStub if self.role == "draft" else worker_pb2_grpc.TargetServiceStub
         self.stub = stub_cls(self.channel)
         if self.address is not None and address != self.address:
@@ -161,7 +161,7 @@ class WorkerClient:
         address = await self.endpoint.resolve(self.resolve_timeout)
         await self._open(address)
         try:
-            self.record_info(await self.stub.Info(worker_pb2.InfoRequest(), timeout=10.0), address)
+            self.record_info(await self.fetch_info(timeout=10.0), address)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED and not self._auth_warned:
                 self._auth_warned = True
@@ -251,6 +251,10 @@ class WorkerClient:
             await self.channel.close(grace=None)
 
     # ---- calls -------------------------------------------------------------------------------
+    async def fetch_info(self, timeout: float) -> worker_pb2.WorkerInfo:
+        """The worker's Info, as it answers now (AioRpcError if it does not)."""
+        return await self.stub.Info(worker_pb2.InfoRequest(), timeout=timeout, metadata=self._secret)
+
     async def call(self, method: str, request: Any, timeout: float) -> Any:
         """Call ``method`` on the stub. Transport failures mark the worker down and raise
         WorkerUnavailable; other gRPC errors (the worker rejected the request) propagate."""
@@ -267,8 +271,8 @@ class WorkerClient:
         address = self.address
         try:
             # the current span (a round's phase, a request) is the parent of the worker's span
-            metadata = tracing.outgoing() if tracing.active and method in tracing.WORKER_RPCS else None
-            call = getattr(self.stub, method)(request, timeout=timeout, metadata=metadata)
+            traced = tracing.outgoing() if tracing.active and method in tracing.WORKER_RPCS else ()
+            call = getattr(self.stub, method)(request, timeout=timeout, metadata=(*self._secret, *traced))
             resp = await call
             compute = None
             for key, value in (await call.trailing_metadata()) or ():

@@ -103,6 +103,18 @@ def test_slots_and_context_errors(tiny_paths):
     assert runner.lengths[s0] == 0  # failed calls changed nothing
 
 
+def test_common_prefix_is_what_the_cache_shares(tiny_paths):
+    runner = ModelRunner(load_hf(tiny_paths["llama"]), num_slots=1, max_len=16)
+    slot = runner.alloc_slot()
+    runner.forward([slot], [[5, 6, 7, 8]], num_logits=0)
+    assert runner.common_prefix(slot, [5, 6, 7, 8, 9]) == 4  # the cache, and a token it has not seen
+    assert runner.common_prefix(slot, (5, 6, 7, 8)) == 4  # any sequence, not only a list
+    assert runner.common_prefix(slot, [5, 6]) == 2  # fewer tokens than cached
+    assert runner.common_prefix(slot, [5, 6, 9, 8]) == 2  # where they part
+    assert runner.common_prefix(slot, [4, 6, 7, 8]) == 0
+    assert runner.common_prefix(slot, []) == 0
+
+
 def test_draft_options_vocab_subset_and_int8(tiny_paths):
     """Cheaper drafters: a vocabulary subset masks the other ids; int8 weights stay close."""
     model = load_hf(tiny_paths["qwen2"])
