@@ -300,7 +300,7 @@ class ModelRunner:
         cached = self.slot_tokens[slot]
         n = min(len(cached), len(tokens), self.trees.get(slot, (len(cached), []))[0])  # a tree is no prefix
         if cached[:n] == list(tokens[:n]):  # the usual case, compared in C: a Python loop over a long
-            return n  # context costs 10x (docs/results.md, "Small costs behind rules in the code")
+            return n  # context costs about 6x (docs/results.md, "Small costs behind rules in the code")
         i = 0
         while i < n and cached[i] == tokens[i]:
             i += 1
