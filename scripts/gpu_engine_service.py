@@ -8,7 +8,9 @@ sync gRPC server with the worker-secret check, as tests/integration/test_tokeniz
 them. The router runs the engine's round: fixed k, one micro-batch, no pre-drafting, drafts
 always awaited. One prompt goes through the engine and through the service at k = 0 and with
 speculation; the difference of their mean time per round (after the first, which holds the
-prefill) is the hops' overhead per round.
+prefill) is the hops' overhead per round. The router's own round phases (router/metrics.py) say
+where it goes: the Verify's transport and the servers' threads (rpc), the router's work (router),
+the drafter's call (draft wait).
 
 The router and the workers need grpcio, protobuf and prometheus_client; where this Python lacks
 them the section is skipped, saying which.
@@ -47,7 +49,7 @@ def _serve(stack: ExitStack, add, servicer, service: str, secret: str) -> str:
 
 
 def _start(stack: ExitStack, pair, drafter, k: int, max_tokens: int):
-    """The workers and the router; returns (client, draft servicer)."""
+    """The workers and the router; returns (client, draft servicer, the router's metrics)."""
     from draft_worker.servicer import SERVICE_NAME as DRAFT_SERVICE
     from draft_worker.servicer import DraftServicer
     from router.config import RebalanceConfig, RouterConfig
@@ -97,7 +99,35 @@ def _start(stack: ExitStack, pair, drafter, k: int, max_tokens: int):
     stack.callback(router.stop, 0)
     client = SpecdecClient(router.address)
     stack.callback(client.close)
-    return client, draft
+    return client, draft, router.metrics
+
+
+PHASES = ("round", "draft_wait", "verify", "rpc", "router")  # router/metrics.py: specdec_round_phase_seconds
+
+
+def _phase_sums(metrics) -> dict[str, float]:
+    """The router's round phases so far: each one's total seconds, and the rounds counted."""
+    out = {}
+    for family in metrics.phase.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_sum"):
+                out[sample.labels["phase"]] = sample.value
+            elif sample.name.endswith("_count") and sample.labels["phase"] == "round":
+                out["rounds"] = sample.value
+    return out
+
+
+def _phases(metrics, run) -> tuple[dict, dict[str, float]]:
+    """``run()``'s result, and where its rounds' time went by the router's own phases, ms a round:
+    draft_wait (the Propose), verify (the Verify's wall time), rpc (of that, all but the worker's
+    own compute: serialisation, loopback, the servers' threads) and router (the router's own work)."""
+    before = _phase_sums(metrics)
+    result = run()
+    after = _phase_sums(metrics)
+    rounds = after["rounds"] - before.get("rounds", 0.0)
+    if not rounds:
+        return result, {}
+    return result, {p: round(1e3 * (after[p] - before.get(p, 0.0)) / rounds, 3) for p in PHASES if p in after}
 
 
 def _through_service(client, prompt: list[int], max_tokens: int, k: int) -> dict:
@@ -136,18 +166,23 @@ def service_vs_engine(pair, k: int, rate: float, prompt_len: int, max_tokens: in
     out: dict = {"k": k, "a set": rate, "prompt tokens": prompt_len, "max tokens": max_tokens, "failures": []}
     with ExitStack() as stack:
         warm = run_engine(pair.target, pair.tokenizer, [prompt], 4)
-        client, draft = _start(stack, pair, FixedAcceptanceDrafter(pair.draft, [(prompt, warm.tokens[0])], rate), k, 4)
+        client, draft, metrics = _start(
+            stack, pair, FixedAcceptanceDrafter(pair.draft, [(prompt, warm.tokens[0])], rate), k, 4
+        )
         for warm_k in (0, k):  # the channels, the router's loop, the servicers' first calls
             _through_service(client, prompt, 4, warm_k)
         ref = run_engine(pair.target, pair.tokenizer, [prompt], max_tokens)
-        served_ref = _through_service(client, prompt, max_tokens, 0)
+        served_ref, ref_phases = _phases(metrics, lambda: _through_service(client, prompt, max_tokens, 0))
         plan = [(prompt, ref.tokens[0])]
         drafter = FixedAcceptanceDrafter(pair.draft, plan, rate)
         spec = run_engine(pair.target, pair.tokenizer, [prompt], max_tokens, drafter, k)
         draft.drafter = served_drafter = FixedAcceptanceDrafter(pair.draft, plan, rate)  # the same plan and coins
-        served = _through_service(client, prompt, max_tokens, k)
-    rows = {"k=0": (ref, served_ref, None), f"k={k}, a={rate}": (spec, served, served_drafter)}
-    for name, (engine_run, service_run, served_by) in rows.items():
+        served, spec_phases = _phases(metrics, lambda: _through_service(client, prompt, max_tokens, k))
+    rows = {
+        "k=0": (ref, served_ref, None, ref_phases),
+        f"k={k}, a={rate}": (spec, served, served_drafter, spec_phases),
+    }
+    for name, (engine_run, service_run, served_by, phases) in rows.items():
         stats = service_run["stats"]
         row = out[name] = {
             "engine ms/round": round(engine_run.round_ms(), 3),
@@ -158,6 +193,7 @@ def service_vs_engine(pair, k: int, rate: float, prompt_len: int, max_tokens: in
             "service chunks": service_run["chunks"],
             "fail-open rounds": stats.get("fail_open_rounds", 0),
             "identical to engine k=0": service_run["tokens"] == ref.tokens[0],
+            "router phases ms/round": phases,
         }
         if not row["identical to engine k=0"]:
             out["failures"].append(f"{name}: the service's tokens differ from the engine's at k = 0")

@@ -80,12 +80,14 @@ def _service(report: dict) -> list[str]:
     part, lines = _section(report, "service", "service against engine, b = 1")
     if part is None:
         return lines
-    header = ["run", "engine ms/round", "service ms/round", "overhead ms/round", "identical"]
-    rows = [
-        [name, r["engine ms/round"], r["service ms/round"], r["overhead ms/round"], r["identical to engine k=0"]]
-        for name, r in part.items()
-        if isinstance(r, dict) and "engine ms/round" in r
-    ]
+    header = ["run", "engine ms/round", "service ms/round", "overhead ms/round", "draft wait", "rpc", "router"]
+    header.append("identical")
+    rows = []
+    for name, r in part.items():
+        if isinstance(r, dict) and "engine ms/round" in r:
+            phases = r.get("router phases ms/round", {})
+            row = [name, r["engine ms/round"], r["service ms/round"], r["overhead ms/round"]]
+            rows.append(row + [phases.get(p) for p in ("draft_wait", "rpc", "router")] + [r["identical to engine k=0"]])
     return lines + _grid(header, rows)
 
 

@@ -87,6 +87,12 @@ def test_engine_part_on_cpu(tmp_path):
         assert row["identical to engine k=0"] is True
         assert row["service rounds"] == row["engine rounds"] == row["service chunks"]
         assert row["fail-open rounds"] == 0
+        # the router's phases of those rounds: parts of a round, the Verify's transport within its wall time
+        phases = row["router phases ms/round"]
+        assert set(phases) == {"round", "draft_wait", "verify", "rpc", "router"}
+        assert 0 < phases["rpc"] < phases["verify"] < phases["round"]
+        assert phases["draft_wait"] + phases["verify"] + phases["router"] <= phases["round"] * 1.001
+        assert (phases["draft_wait"] > 0) == (name != "k=0")
     spec = service["k=4, a=0.8"]
     assert spec["engine identical to k=0"] is True and spec["accepted"] == spec["accepted as planned"] > 0
 
