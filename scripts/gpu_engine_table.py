@@ -80,8 +80,8 @@ def _service(report: dict) -> list[str]:
     part, lines = _section(report, "service", "service against engine, b = 1")
     if part is None:
         return lines
-    header = ["run", "engine ms/round", "service ms/round", "overhead ms/round", "draft wait", "rpc", "router"]
-    header.append("identical")
+    header = ["run", "engine ms/round", "service ms/round", "overhead ms/round"]
+    header += ["draft wait", "rpc", "router", "identical"]
     rows = []
     for name, r in part.items():
         if isinstance(r, dict) and "engine ms/round" in r:
