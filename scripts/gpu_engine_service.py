@@ -12,15 +12,27 @@ prefill) is the hops' overhead per round. The router's own round phases (router/
 where it goes: the Verify's transport and the servers' threads (rpc), the router's work (router),
 the drafter's call (draft wait).
 
+Then the same again with the two workers in a process of their own (``--workers``: the same
+models, built there from the same seeds; its target's k = 0 tokens are checked against this
+one's), the router and the client here, as a deployment runs them: in one process every thread
+shares one interpreter lock, and the router's and the client's work between rounds can slow the
+workers' forwards (on the 2-core CPU the toy models' verify took 1.5x the engine's there).
+
 The router and the workers need grpcio, protobuf and prometheus_client; where this Python lacks
 them the section is skipped, saying which.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import secrets
+import subprocess
+import sys
+import threading
 from contextlib import ExitStack
+from pathlib import Path
 
 from fixed_acceptance import FixedAcceptanceDrafter
 from gpu_engine_e2e import acceptance, make_prompts, run_engine
@@ -48,22 +60,24 @@ def _serve(stack: ExitStack, add, servicer, service: str, secret: str) -> str:
     return f"127.0.0.1:{port}"
 
 
-def _start(stack: ExitStack, pair, drafter, k: int, max_tokens: int):
-    """The workers and the router; returns (client, draft servicer, the router's metrics)."""
+def _secret() -> str:
+    """This process's worker secret, made here as `specdec serve` makes one where none is set: the
+    router sends it, the workers require it."""
+    from specdec.rpc.worker_secret import SECRET_ENV, current_secret
+
+    return current_secret() or os.environ.setdefault(SECRET_ENV, secrets.token_urlsafe(32))
+
+
+def _workers(stack: ExitStack, pair, drafter) -> tuple[str, str, object]:
+    """The target's and the drafter's gRPC servers; returns (target address, draft address, draft servicer)."""
     from draft_worker.servicer import SERVICE_NAME as DRAFT_SERVICE
     from draft_worker.servicer import DraftServicer
-    from router.config import RebalanceConfig, RouterConfig
-    from router.server import RouterThread, TargetBinding
-    from router.workers import StaticEndpoint
     from specdec.core.target import TargetVerifier
     from specdec.core.tokenizer_spec import vocab_fingerprint
     from specdec.rpc import worker_pb2_grpc
-    from specdec.rpc.client import SpecdecClient
-    from specdec.rpc.worker_secret import SECRET_ENV, current_secret
     from target_worker.servicer import TargetServicer
 
-    # the router sends this process's worker secret; a bench run makes one as `specdec serve` does
-    secret = current_secret() or os.environ.setdefault(SECRET_ENV, secrets.token_urlsafe(32))
+    secret = _secret()
     device = pair.target.device.type
     target = TargetServicer(
         TargetVerifier(pair.target), pair.tokenizer, model_name=pair.names[0], dtype="bfloat16", device=device
@@ -81,6 +95,17 @@ def _start(stack: ExitStack, pair, drafter, k: int, max_tokens: int):
     target_name = "specdec.v1.TargetService"
     t_addr = _serve(stack, worker_pb2_grpc.add_TargetServiceServicer_to_server, target, target_name, secret)
     d_addr = _serve(stack, worker_pb2_grpc.add_DraftServiceServicer_to_server, draft, DRAFT_SERVICE, secret)
+    return t_addr, d_addr, draft
+
+
+def _router(stack: ExitStack, t_addr: str, d_addr: str, k: int, max_tokens: int):
+    """The router over the two workers, running the engine's round; returns (client, its metrics)."""
+    from router.config import RebalanceConfig, RouterConfig
+    from router.server import RouterThread, TargetBinding
+    from router.workers import StaticEndpoint
+    from specdec.rpc.client import SpecdecClient
+
+    _secret()
     config = RouterConfig(
         port=0,
         metrics_port=None,
@@ -99,7 +124,14 @@ def _start(stack: ExitStack, pair, drafter, k: int, max_tokens: int):
     stack.callback(router.stop, 0)
     client = SpecdecClient(router.address)
     stack.callback(client.close)
-    return client, draft, router.metrics
+    return client, router.metrics
+
+
+def _start(stack: ExitStack, pair, drafter, k: int, max_tokens: int):
+    """The workers and the router in this process; returns (client, draft servicer, the router's metrics)."""
+    t_addr, d_addr, draft = _workers(stack, pair, drafter)
+    client, metrics = _router(stack, t_addr, d_addr, k, max_tokens)
+    return client, draft, metrics
 
 
 PHASES = ("round", "draft_wait", "verify", "rpc", "router")  # router/metrics.py: specdec_round_phase_seconds
@@ -156,7 +188,103 @@ def _through_service(client, prompt: list[int], max_tokens: int, k: int) -> dict
     }
 
 
-def service_vs_engine(pair, k: int, rate: float, prompt_len: int, max_tokens: int) -> dict:
+def _row(out: dict, name: str, engine_run, service_run: dict, ref_tokens: list[int], phases: dict, planned) -> None:
+    """One row of the report: a served run against the engine's; ``planned``: the accepted tokens
+    the fixed-acceptance plan says (None at k = 0)."""
+    stats = service_run["stats"]
+    row = out[name] = {
+        "engine ms/round": round(engine_run.round_ms(), 3),
+        "service ms/round": round(service_run["round ms"], 3),
+        "overhead ms/round": round(service_run["round ms"] - engine_run.round_ms(), 3),
+        "engine rounds": len(engine_run.verify_s),
+        "service rounds": stats.get("rounds"),
+        "service chunks": service_run["chunks"],
+        "fail-open rounds": stats.get("fail_open_rounds", 0),
+        "identical to engine k=0": service_run["tokens"] == ref_tokens,
+        "router phases ms/round": phases,
+    }
+    if not row["identical to engine k=0"]:
+        out["failures"].append(f"{name}: the service's tokens differ from the engine's at k = 0")
+    if planned is None:
+        return
+    row["engine identical to k=0"] = engine_run.tokens == [ref_tokens]
+    if not row["engine identical to k=0"]:
+        out["failures"].append(f"{name}: the engine's tokens differ from its own at k = 0")
+    row["a measured (engine)"] = round(acceptance(engine_run.rounds)[0], 4)
+    if service_run["rounds"] is not None:
+        row["a measured (service)"] = round(acceptance(service_run["rounds"])[0], 4)
+    row["accepted"], row["accepted as planned"] = stats.get("accepted"), planned
+    if not row["fail-open rounds"] and stats.get("accepted") != planned:
+        out["failures"].append(f"{name}: the service accepted {stats.get('accepted')}, the plan says {planned}")
+
+
+def _served(client, metrics, prompt: list[int], k: int, max_tokens: int) -> dict:
+    """Warm-up requests, then the two served runs: k = 0 and k; each (run, router phases)."""
+    for warm_k in (0, k):  # the channels, the router's loop, the servicers' first calls
+        _through_service(client, prompt, 4, warm_k)
+    return {kk: _phases(metrics, lambda kk=kk: _through_service(client, prompt, max_tokens, kk)) for kk in (0, k)}
+
+
+def _workers_apart(stack: ExitStack, build: dict) -> dict:
+    """Both workers in a process of their own (as Ray actors run them), over the same models built
+    from the same seeds there; returns its addresses and its target's k = 0 tokens."""
+    from specdec.rpc.worker_secret import SECRET_ENV
+
+    root = str(Path(__file__).resolve().parents[1])  # specdec, router and the workers' packages
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--workers", json.dumps(build)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, SECRET_ENV: _secret(), "PYTHONPATH": path},
+        text=True,
+    )
+    stack.callback(_stop, proc)
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    while True:
+        line = lines.get(timeout=600)
+        if not line:
+            raise RuntimeError(f"the worker process ended (status {proc.wait()}) before serving; its stderr says why")
+        if line.startswith("{"):
+            return json.loads(line)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End the worker process: it serves until its stdin closes."""
+    proc.stdin.close()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _serve_apart(build: dict) -> None:
+    """The worker process of :func:`_workers_apart`: build, serve, say where, wait for stdin to close."""
+    import gpu_engine
+
+    s = gpu_engine.Settings.of(build["quick"], build["tiny"])
+    pair = gpu_engine.build_pair(build["device"], build["tiny"], s)
+    prompt = make_prompts(pair.vocab_size, 1, build["prompt tokens"], seed=1)[0]
+    ref = run_engine(pair.target, pair.tokenizer, [prompt], build["max tokens"])
+    drafter = FixedAcceptanceDrafter(pair.draft, [(prompt, ref.tokens[0])], build["rate"])
+    with ExitStack() as stack:
+        t_addr, d_addr, _ = _workers(stack, pair, drafter)
+        print(json.dumps({"target": t_addr, "draft": d_addr, "reference": ref.tokens[0]}), flush=True)
+        sys.stdin.read()
+
+
+def service_vs_engine(pair, k: int, rate: float, prompt_len: int, max_tokens: int, build: dict | None = None) -> dict:
+    """The rows "k=0" and "k=K, a=RATE": router and workers in this process; with ``build`` (the
+    device, quick and tiny of the pair's settings) also "..., workers apart": the workers in a
+    process of their own, the router and client here, as a deployment runs them."""
     missing = _missing()
     if missing is not None:
         return {
@@ -164,49 +292,35 @@ def service_vs_engine(pair, k: int, rate: float, prompt_len: int, max_tokens: in
         }
     prompt = make_prompts(pair.vocab_size, 1, prompt_len, seed=1)[0]
     out: dict = {"k": k, "a set": rate, "prompt tokens": prompt_len, "max tokens": max_tokens, "failures": []}
+    spec_name = f"k={k}, a={rate}"
     with ExitStack() as stack:
         warm = run_engine(pair.target, pair.tokenizer, [prompt], 4)
         client, draft, metrics = _start(
             stack, pair, FixedAcceptanceDrafter(pair.draft, [(prompt, warm.tokens[0])], rate), k, 4
         )
-        for warm_k in (0, k):  # the channels, the router's loop, the servicers' first calls
-            _through_service(client, prompt, 4, warm_k)
         ref = run_engine(pair.target, pair.tokenizer, [prompt], max_tokens)
-        served_ref, ref_phases = _phases(metrics, lambda: _through_service(client, prompt, max_tokens, 0))
         plan = [(prompt, ref.tokens[0])]
         drafter = FixedAcceptanceDrafter(pair.draft, plan, rate)
         spec = run_engine(pair.target, pair.tokenizer, [prompt], max_tokens, drafter, k)
-        draft.drafter = served_drafter = FixedAcceptanceDrafter(pair.draft, plan, rate)  # the same plan and coins
-        served, spec_phases = _phases(metrics, lambda: _through_service(client, prompt, max_tokens, k))
-    rows = {
-        "k=0": (ref, served_ref, None, ref_phases),
-        f"k={k}, a={rate}": (spec, served, served_drafter, spec_phases),
-    }
-    for name, (engine_run, service_run, served_by, phases) in rows.items():
-        stats = service_run["stats"]
-        row = out[name] = {
-            "engine ms/round": round(engine_run.round_ms(), 3),
-            "service ms/round": round(service_run["round ms"], 3),
-            "overhead ms/round": round(service_run["round ms"] - engine_run.round_ms(), 3),
-            "engine rounds": len(engine_run.verify_s),
-            "service rounds": stats.get("rounds"),
-            "service chunks": service_run["chunks"],
-            "fail-open rounds": stats.get("fail_open_rounds", 0),
-            "identical to engine k=0": service_run["tokens"] == ref.tokens[0],
-            "router phases ms/round": phases,
-        }
-        if not row["identical to engine k=0"]:
-            out["failures"].append(f"{name}: the service's tokens differ from the engine's at k = 0")
-        if served_by is not None:
-            row["engine identical to k=0"] = engine_run.tokens == ref.tokens
-            if not row["engine identical to k=0"]:
-                out["failures"].append(f"{name}: the engine's tokens differ from its own at k = 0")
-            row["a measured (engine)"] = round(acceptance(engine_run.rounds)[0], 4)
-            if service_run["rounds"] is not None:
-                row["a measured (service)"] = round(acceptance(service_run["rounds"])[0], 4)
-            row["accepted"], row["accepted as planned"] = stats.get("accepted"), served_by.planned_accepted
-            if not row["fail-open rounds"] and stats.get("accepted") != served_by.planned_accepted:
-                out["failures"].append(
-                    f"{name}: the service accepted {stats.get('accepted')}, the plan says {served_by.planned_accepted}"
-                )
+        draft.drafter = FixedAcceptanceDrafter(pair.draft, plan, rate)  # the same plan and coins
+        served = _served(client, metrics, prompt, k, max_tokens)
+    # what the plan says a run of these rounds accepts: the engine's count (the served drafter's
+    # holds the warm-up requests too)
+    planned = drafter.planned_accepted
+    _row(out, "k=0", ref, served[0][0], ref.tokens[0], served[0][1], None)
+    _row(out, spec_name, spec, served[k][0], ref.tokens[0], served[k][1], planned)
+    if build is None:
+        return out
+    with ExitStack() as stack:
+        apart = _workers_apart(stack, {**build, "rate": rate, "prompt tokens": prompt_len, "max tokens": max_tokens})
+        if apart["reference"] != ref.tokens[0]:
+            out["failures"].append("workers apart: the worker process's target decodes other tokens (other models)")
+        client, metrics = _router(stack, apart["target"], apart["draft"], k, 4)
+        served = _served(client, metrics, prompt, k, max_tokens)
+    _row(out, "k=0, workers apart", ref, served[0][0], ref.tokens[0], served[0][1], None)
+    _row(out, f"{spec_name}, workers apart", spec, served[k][0], ref.tokens[0], served[k][1], planned)
     return out
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--workers"]:
+    _serve_apart(json.loads(sys.argv[2]))

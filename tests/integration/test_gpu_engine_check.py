@@ -1,6 +1,7 @@
 """``scripts/gpu_check.py --parts engine`` on a CPU, with toy shapes of the same models: the run a GPU
-gets (forwards, the engine at a set acceptance, the service over gRPC without Ray) must work
-whenever one is at hand, and its checks must be able to fail: a drafter that does not apply the
+gets (forwards, the engine at a set acceptance, the service over gRPC without Ray, its workers in
+this process and in one of their own) must work whenever one is at hand, and its checks must be
+able to fail: a drafter that does not apply the
 acceptance it is set to, and an engine whose speculative output differs from k = 0, are reported
 (and make the script exit with status 1)."""
 
@@ -82,7 +83,8 @@ def test_engine_part_on_cpu(tmp_path):
 
     service = report["service"]
     assert "skipped" not in service, service  # this machine has grpcio: the service runs
-    for name in ("k=0", "k=4, a=0.8"):
+    # the router and workers in this process, then the workers in a process of their own
+    for name in ("k=0", "k=4, a=0.8", "k=0, workers apart", "k=4, a=0.8, workers apart"):
         row = service[name]
         assert row["identical to engine k=0"] is True
         assert row["service rounds"] == row["engine rounds"] == row["service chunks"]
@@ -92,9 +94,9 @@ def test_engine_part_on_cpu(tmp_path):
         assert set(phases) == {"round", "draft_wait", "verify", "rpc", "router"}
         assert 0 < phases["rpc"] < phases["verify"] < phases["round"]
         assert phases["draft_wait"] + phases["verify"] + phases["router"] <= phases["round"] * 1.001
-        assert (phases["draft_wait"] > 0) == (name != "k=0")
-    spec = service["k=4, a=0.8"]
-    assert spec["engine identical to k=0"] is True and spec["accepted"] == spec["accepted as planned"] > 0
+        assert (phases["draft_wait"] > 0) == name.startswith("k=4")
+    for spec in (service["k=4, a=0.8"], service["k=4, a=0.8, workers apart"]):
+        assert spec["engine identical to k=0"] is True and spec["accepted"] == spec["accepted as planned"] > 0
 
     for title in ("forwards, median ms per call", "engine end to end", "service against engine", "failures: none"):
         assert title in proc.stdout
