@@ -98,18 +98,14 @@ def worker_interceptor(secret: str) -> grpc.ServerInterceptor:
     return server_interceptor(Tokens((secret.encode(),)), INTERNAL_HEADER, exempt=WORKER_EXEMPT)
 
 
-def _pairs(secret: str | None) -> tuple[tuple[str, str], ...]:
-    return credentials_metadata(secret or current_secret(), INTERNAL_HEADER)
-
-
 def secret_metadata(secret: str | None = None) -> tuple[tuple[str, str], ...]:
     """The metadata a call to a worker carries: the secret (default: :func:`current_secret`);
     none without one. The router passes it with each call rather than through a grpc.aio channel
     interceptor, which runs every call through a task of its own: about 0.1 ms of a round on a
     2-core machine (docs/results.md, "Small costs behind rules in the code")."""
-    return _pairs(secret)
+    return credentials_metadata(secret or current_secret(), INTERNAL_HEADER)
 
 
 def worker_channel(address: str, secret: str | None = None, options=()) -> grpc.Channel:
     """A sync channel to a worker whose calls carry the secret (tools and tests)."""
-    return with_metadata(grpc.insecure_channel(address, options=list(options)), _pairs(secret))
+    return with_metadata(grpc.insecure_channel(address, options=list(options)), secret_metadata(secret))
