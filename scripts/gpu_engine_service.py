@@ -68,8 +68,8 @@ def _secret() -> str:
     return current_secret() or os.environ.setdefault(SECRET_ENV, secrets.token_urlsafe(32))
 
 
-def _workers(stack: ExitStack, pair, drafter) -> tuple[str, str, object]:
-    """The target's and the drafter's gRPC servers; returns (target address, draft address, draft servicer)."""
+def _workers(stack: ExitStack, pair, drafter) -> tuple[str, str]:
+    """The target's and the drafter's gRPC servers; returns their addresses."""
     from draft_worker.servicer import SERVICE_NAME as DRAFT_SERVICE
     from draft_worker.servicer import DraftServicer
     from specdec.core.target import TargetVerifier
@@ -95,7 +95,7 @@ def _workers(stack: ExitStack, pair, drafter) -> tuple[str, str, object]:
     target_name = "specdec.v1.TargetService"
     t_addr = _serve(stack, worker_pb2_grpc.add_TargetServiceServicer_to_server, target, target_name, secret)
     d_addr = _serve(stack, worker_pb2_grpc.add_DraftServiceServicer_to_server, draft, DRAFT_SERVICE, secret)
-    return t_addr, d_addr, draft
+    return t_addr, d_addr
 
 
 def _router(stack: ExitStack, t_addr: str, d_addr: str, k: int, max_tokens: int):
@@ -128,10 +128,8 @@ def _router(stack: ExitStack, t_addr: str, d_addr: str, k: int, max_tokens: int)
 
 
 def _start(stack: ExitStack, pair, drafter, k: int, max_tokens: int):
-    """The workers and the router in this process; returns (client, draft servicer, the router's metrics)."""
-    t_addr, d_addr, draft = _workers(stack, pair, drafter)
-    client, metrics = _router(stack, t_addr, d_addr, k, max_tokens)
-    return client, draft, metrics
+    """The workers and the router in this process; returns (client, the router's metrics)."""
+    return _router(stack, *_workers(stack, pair, drafter), k, max_tokens)
 
 
 PHASES = ("round", "draft_wait", "verify", "rpc", "router")  # router/metrics.py: specdec_round_phase_seconds
@@ -276,7 +274,7 @@ def _serve_apart(build: dict) -> None:
     ref = run_engine(pair.target, pair.tokenizer, [prompt], build["max tokens"])
     drafter = FixedAcceptanceDrafter(pair.draft, [(prompt, ref.tokens[0])], build["rate"])
     with ExitStack() as stack:
-        t_addr, d_addr, _ = _workers(stack, pair, drafter)
+        t_addr, d_addr = _workers(stack, pair, drafter)
         print(json.dumps({"target": t_addr, "draft": d_addr, "reference": ref.tokens[0]}), flush=True)
         sys.stdin.read()
 
@@ -293,20 +291,17 @@ def service_vs_engine(pair, k: int, rate: float, prompt_len: int, max_tokens: in
     prompt = make_prompts(pair.vocab_size, 1, prompt_len, seed=1)[0]
     out: dict = {"k": k, "a set": rate, "prompt tokens": prompt_len, "max tokens": max_tokens, "failures": []}
     spec_name = f"k={k}, a={rate}"
-    with ExitStack() as stack:
-        warm = run_engine(pair.target, pair.tokenizer, [prompt], 4)
-        client, draft, metrics = _start(
-            stack, pair, FixedAcceptanceDrafter(pair.draft, [(prompt, warm.tokens[0])], rate), k, 4
-        )
-        ref = run_engine(pair.target, pair.tokenizer, [prompt], max_tokens)
-        plan = [(prompt, ref.tokens[0])]
-        drafter = FixedAcceptanceDrafter(pair.draft, plan, rate)
-        spec = run_engine(pair.target, pair.tokenizer, [prompt], max_tokens, drafter, k)
-        draft.drafter = FixedAcceptanceDrafter(pair.draft, plan, rate)  # the same plan and coins
-        served = _served(client, metrics, prompt, k, max_tokens)
-    # what the plan says a run of these rounds accepts: the engine's count (the served drafter's
+    run_engine(pair.target, pair.tokenizer, [prompt], 4)  # the engine's first calls, not timed
+    ref = run_engine(pair.target, pair.tokenizer, [prompt], max_tokens)
+    plan = [(prompt, ref.tokens[0])]
+    drafter = FixedAcceptanceDrafter(pair.draft, plan, rate)
+    spec = run_engine(pair.target, pair.tokenizer, [prompt], max_tokens, drafter, k)
+    # what the plan says a run of these rounds accepts: the engine's count (a served drafter's
     # holds the warm-up requests too)
     planned = drafter.planned_accepted
+    with ExitStack() as stack:  # the served drafter: the same plan and coins
+        client, metrics = _start(stack, pair, FixedAcceptanceDrafter(pair.draft, plan, rate), k, 4)
+        served = _served(client, metrics, prompt, k, max_tokens)
     _row(out, "k=0", ref, served[0][0], ref.tokens[0], served[0][1], None)
     _row(out, spec_name, spec, served[k][0], ref.tokens[0], served[k][1], planned)
     if build is None:
