@@ -162,7 +162,13 @@ def engine(device: str, quick: bool, tiny: bool = False) -> dict:
         "forwards": lambda: forwards(device, tiny, s),
         "e2e": lambda: engine_e2e(models(), s.batches, s.rates, s.k, s.prompt_tokens, s.max_tokens, deadline),
         "service": lambda: service_vs_engine(
-            models(), s.k, max(s.rates), s.prompt_tokens, s.max_tokens, {"device": device, "quick": quick, "tiny": tiny}
+            models(),
+            s.k,
+            max(s.rates),
+            s.prompt_tokens,
+            s.max_tokens,
+            {"device": device, "quick": quick, "tiny": tiny},
+            deadline,
         ),
     }
     for name in run:

@@ -25,17 +25,19 @@ them the section is skipped, saying which.
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import secrets
 import subprocess
 import sys
 import threading
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
 from fixed_acceptance import FixedAcceptanceDrafter
-from gpu_engine_e2e import acceptance, make_prompts, run_engine
+from gpu_engine_e2e import NOT_RUN, acceptance, make_prompts, run_engine
 
 from specdec.core.engine import KPolicy
 
@@ -223,6 +225,9 @@ def _served(client, metrics, prompt: list[int], k: int, max_tokens: int) -> dict
     return {kk: _phases(metrics, lambda kk=kk: _through_service(client, prompt, max_tokens, kk)) for kk in (0, k)}
 
 
+APART_S = 120.0  # what the workers-apart runs may take, their models built again included
+
+
 def _workers_apart(stack: ExitStack, build: dict) -> dict:
     """Both workers in a process of their own (as Ray actors run them), over the same models built
     from the same seeds there; returns its addresses and its target's k = 0 tokens."""
@@ -279,10 +284,13 @@ def _serve_apart(build: dict) -> None:
         sys.stdin.read()
 
 
-def service_vs_engine(pair, k: int, rate: float, prompt_len: int, max_tokens: int, build: dict | None = None) -> dict:
+def service_vs_engine(
+    pair, k: int, rate: float, prompt_len: int, max_tokens: int, build: dict | None = None, deadline: float = math.inf
+) -> dict:
     """The rows "k=0" and "k=K, a=RATE": router and workers in this process; with ``build`` (the
     device, quick and tiny of the pair's settings) also "..., workers apart": the workers in a
-    process of their own, the router and client here, as a deployment runs them."""
+    process of their own, the router and client here, as a deployment runs them, unless under
+    APART_S seconds are left before ``deadline`` (time.monotonic()) by then."""
     missing = _missing()
     if missing is not None:
         return {
@@ -305,6 +313,9 @@ def service_vs_engine(pair, k: int, rate: float, prompt_len: int, max_tokens: in
     _row(out, "k=0", ref, served[0][0], ref.tokens[0], served[0][1], None)
     _row(out, spec_name, spec, served[k][0], ref.tokens[0], served[k][1], planned)
     if build is None:
+        return out
+    if time.monotonic() > deadline - APART_S:
+        out["workers apart"] = dict(NOT_RUN)
         return out
     with ExitStack() as stack:
         apart = _workers_apart(stack, {**build, "rate": rate, "prompt tokens": prompt_len, "max tokens": max_tokens})

@@ -88,7 +88,8 @@ def _service(report: dict) -> list[str]:
             phases = r.get("router phases ms/round", {})
             row = [name, r["engine ms/round"], r["service ms/round"], r["overhead ms/round"]]
             rows.append(row + [phases.get(p) for p in ("draft_wait", "rpc", "router")] + [r["identical to engine k=0"]])
-    return lines + _grid(header, rows)
+    skipped = ["workers apart: not run (the time budget)"] if "workers apart" in part else []
+    return lines + _grid(header, rows) + skipped
 
 
 def table(report: dict) -> str:
