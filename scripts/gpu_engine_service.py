@@ -107,7 +107,7 @@ def _router(stack: ExitStack, t_addr: str, d_addr: str, k: int, max_tokens: int)
     from router.workers import StaticEndpoint
     from specdec.rpc.client import SpecdecClient
 
-    _secret()
+    _secret()  # the router's calls carry this process's secret (where _workers has not made it)
     config = RouterConfig(
         port=0,
         metrics_port=None,

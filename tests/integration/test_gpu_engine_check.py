@@ -1,9 +1,8 @@
 """``scripts/gpu_check.py --parts engine`` on a CPU, with toy shapes of the same models: the run a GPU
 gets (forwards, the engine at a set acceptance, the service over gRPC without Ray, its workers in
 this process and in one of their own) must work whenever one is at hand, and its checks must be
-able to fail: a drafter that does not apply the
-acceptance it is set to, and an engine whose speculative output differs from k = 0, are reported
-(and make the script exit with status 1)."""
+able to fail: a drafter that does not apply the acceptance it is set to, and an engine whose
+speculative output differs from k = 0, are reported (and make the script exit with status 1)."""
 
 from __future__ import annotations
 
