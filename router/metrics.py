@@ -24,11 +24,12 @@ Series:
   all), ``specdec_acceptance_rate`` (gauge: accepted / drafted since start; it cannot show a recent
   collapse).
 * ``specdec_round_phase_seconds{phase}``: where a round's time goes: ``draft_wait`` (the round
-  blocked on its drafts), ``verify`` (the Verify RPC, wall), ``rpc`` (gRPC and queueing part of the
-  Verify call: wall minus the worker's own compute time when the worker reports it, see
-  :data:`router.workers.COMPUTE_METADATA_KEY`; absent otherwise), ``prefill`` (the round's prompt
-  chunks: the target's Prefill RPC, before the drafts), ``router`` (the rest: commit, stops,
-  detokenisation), ``round`` (the whole round).
+  blocked on its drafts), ``verify`` (the Verify RPC, wall, of a round that only verifies), ``rpc``
+  (gRPC and queueing part of the Verify call: wall minus the worker's own compute time when the
+  worker reports it, see :data:`router.workers.COMPUTE_METADATA_KEY`; absent otherwise),
+  ``prefill`` (the Verify RPC, wall, of a round whose forward also caches prompt tokens, and of a
+  round of prompt chunks only), ``router`` (the rest: commit, stops, detokenisation), ``round``
+  (the whole round).
 * ``specdec_fail_open_rounds_total{reason}``: rounds verified with k = 0 because the draft was
   late (``deadline``) or its worker unavailable (``unavailable``).
 * ``specdec_predraft_total{result}``: pre-drafts used (``hit``) or discarded (``miss``).

@@ -70,10 +70,6 @@ log = logging.getLogger(__name__)
 __all__ = ["Chunk", "Job", "TargetScheduler", "QueueFull"]
 
 
-def _rpc_error(exc: grpc.aio.AioRpcError) -> RpcStatusError:
-    return RpcStatusError(exc.code(), exc.details() or "the target refused a prompt chunk")
-
-
 async def _all(*started: Awaitable) -> None:
     await asyncio.gather(*started)
 
@@ -259,9 +255,11 @@ class TargetScheduler(Admission):
     def _want_k(self, job: Job) -> int:
         return self.balance.want_k(job, len(self.running), self.max_context)
 
-    async def _prefill(self, batch: list[Job], verify_tokens: int, process: int) -> list[Job]:
-        """Cache this round's prompt chunks on the target process ``process`` (and the drafter);
-        return the jobs whose prompt is now cached, which verify in this same round."""
+    def _plan_chunks(self, batch: list[Job], verify_tokens: int, process: int) -> list[tuple[Job, int]]:
+        """This round's prompt chunks within its budget, which the target caches in the round's
+        Verify (docs/design.md, Scheduling): each job given one and the prompt tokens it caches.
+        Marks the job's prompt as cached up to its chunk's end on ``process``; a call that fails
+        undoes it (:meth:`_caches_lost`, :meth:`_fail`)."""
         prefilling = [j for j in batch if j.state.prefilling]
         if not prefilling:  # most rounds: no budget to work out
             return []
@@ -270,20 +268,16 @@ class TargetScheduler(Admission):
             PrefillNeed(j.key, j.state.prefilled, j.state.prefill_total, j.client if fair else "") for j in prefilling
         ]
         plan = plan_prefill(needs, verify_tokens, self.balance.prefill_budget(batch), self.cfg.prefill_chunk)
-        chunks = [j for j in prefilling if j.key in plan]
-        if not chunks:
+        chunked = [(j, plan[j.key] - j.state.prefilled) for j in prefilling if j.key in plan]
+        if not chunked:
             return []
-        seqs = [sequence_to_proto(j.key, j.state.tokens[: plan[j.key] + 1], j.params, j.mode) for j in chunks]
-        with round_trace(chunks, "prefill"):  # the drafters' Prefill calls start inside too
-            self.drafting.prefill(chunks, plan)
-            await self.link.prefill(seqs, process)
         self.metrics.prefill_chunks.inc(
-            sum(chunks_between(j.state.prefilled, plan[j.key], self.cfg.prefill_chunk) for j in chunks)
+            sum(chunks_between(j.state.prefilled, plan[j.key], self.cfg.prefill_chunk) for j, _ in chunked)
         )
-        self.metrics.round_tokens.observe(verify_tokens + sum(plan[j.key] - j.state.prefilled for j in chunks))
-        for job in chunks:
+        self.metrics.round_tokens.observe(verify_tokens + sum(n for _, n in chunked))
+        for job, _ in chunked:
             job.state.prefilled, job.cached_on = plan[job.key], process
-        return [j for j in chunks if not j.state.prefilling and not j.done and not j.cancelled]
+        return chunked
 
     def _caches_lost(self, jobs: list[Job]) -> None:
         """The target restarted since these jobs were cached on it: they cache their committed
@@ -304,57 +298,72 @@ class TargetScheduler(Admission):
             self.balance.start(self.running, [self._want_k(j) for j in self.running])
         decoding = [j for j in batch if not j.state.prefilling]
         ks = [self._want_k(j) for j in decoding]
-        tp = clock.now()
-        try:
-            cached = await self._prefill(batch, sum(k + 1 for k in ks), process)
-        except TargetRestarted:
-            self._caches_lost(batch)
-            return
-        except (WorkerUnavailable, grpc.aio.AioRpcError) as exc:
-            for job in batch:
-                if job.state.prefilling and not job.done:
-                    outcome = "unavailable" if isinstance(exc, WorkerUnavailable) else "error"
-                    self._fail(job, exc if isinstance(exc, WorkerUnavailable) else _rpc_error(exc), outcome=outcome)
-            cached = []
-        t_prefill = clock.now() - tp
-        batch = decoding + cached
-        ks += [self._want_k(j) for j in cached]
-        if not batch:
-            return
-        with round_trace(batch) as trace:
+        chunked = self._plan_chunks(batch, sum(k + 1 for k in ks), process)
+        # A prompt's last chunk goes in its first verify row; the others are cached beside the rows.
+        first = [j for j, _ in chunked if not j.state.prefilling and not j.done and not j.cancelled]
+        caching = [j for j, _ in chunked if j.state.prefilling]
+        batch = decoding + first
+        ks += [self._want_k(j) for j in first]
+        with round_trace(caching, "prefill"), round_trace(batch) as trace:
+            # The drafters cache the same chunks meanwhile (a prompt's last goes with its first Propose).
+            self.drafting.prefill(caching, {j.key: j.state.prefilled for j in caching})
+            trace.prefilled(chunked)
             try:
-                await self._verify_round(batch, ks, cached, t0, t_prefill, trace, process)
+                if batch:
+                    await self._verify_round(batch, ks, caching, bool(chunked), t0, trace, process)
+                elif caching:
+                    await self._cache_chunks(caching, process)
             except TargetRestarted:
                 trace.restarted()
-                self._caches_lost(batch)
+                self._caches_lost(batch + caching)
+
+    def _chunk_sequences(self, caching: list[Job]) -> list[worker_pb2.Sequence]:
+        """Each job's prompt up to its chunk's end: the target caches all but the last token."""
+        return [sequence_to_proto(j.key, j.state.tokens[: j.state.prefilled + 1], j.params, j.mode) for j in caching]
+
+    def _chunks_failed(self, caching: list[Job], error: BaseException | None) -> None:
+        if error is not None:
+            for job in caching:
+                self._fail(job, error, outcome="unavailable" if isinstance(error, WorkerUnavailable) else "error")
+
+    async def _cache_chunks(self, caching: list[Job], process: int) -> None:
+        """A round of prompt chunks only (no request to verify): a Verify of no items."""
+        t0 = clock.now()
+        _, _, failed = await self.link.verify([], [], process, self._chunk_sequences(caching))
+        self._chunks_failed(caching, failed)
+        self.metrics.phase.labels("prefill").observe(clock.now() - t0)
 
     async def _verify_round(
-        self, batch: list[Job], ks: list[int], cached: list[Job], t0: float, t_prefill: float, trace, process: int
+        self, batch: list[Job], ks: list[int], caching: list[Job], chunked: bool, t0: float, trace, process: int
     ) -> None:
-        """The rest of a round, once its prompt chunks are cached: drafts, verify, commit."""
+        """The rest of a round: drafts, then one Verify that also caches the prompt chunks of
+        ``caching`` (``chunked``: the round has prompt chunks, those and prompts' last), then commit."""
         # A request's first round feeds the drafter its prompt's tail: it says nothing of a step.
-        prefills = any(not j.state.generated for j in batch)
-        ks = self.balance.speculation(batch, ks)
+        # Nor does a round whose forward holds prompt chunks: its time is mostly theirs.
+        measured = all(j.state.generated for j in batch) and not caching
+        ks = self.balance.speculation(batch, ks, measured)
         with trace.phase("draft_wait"):
             drafts, draft_wait = await self.drafting.drafts(batch, ks)
         self.drafting.launch_predraft(batch, ks, drafts, self._policy_k, self.balance.predraft)
+        chunks = self._chunk_sequences(caching)
         t1 = clock.now()
         with trace.phase("verify"):
-            outcomes, compute = await self.link.verify(batch, drafts, process)
+            outcomes, compute, chunks_failed = await self.link.verify(batch, drafts, process, chunks)
         t2 = clock.now()
+        self._chunks_failed(caching, chunks_failed)
         trace.outcomes(batch, drafts, outcomes)
         self.balance.log_round(batch, ks, [len(d.tokens) for d in drafts], draft_wait, t2 - t1, compute)
-        if not any(isinstance(o, BaseException) for o in outcomes):
+        if not any(isinstance(o, BaseException) for o in outcomes) and not chunked:
             dt = t2 - t1
             self.drafting.observe_verify(dt, drafts, [getattr(o, "num_accepted", 0) for o in outcomes])
             steps = max((d.depth for j, d in zip(batch, drafts) if j.source == "draft"), default=0)
-            if not prefills:  # the worker's own time: with two lanes the wall holds the other lane's call
+            if measured:  # the worker's own time: with two lanes the wall holds the other lane's call
                 busy = compute if compute is not None else dt
                 self.cost.update(draft_wait, steps, busy, sum(len(d.tokens) + 1 for d in drafts), len(batch))
         m = self.metrics
         m.rounds.inc()
         m.batch_size.observe(len(batch))
-        if not cached:
+        if not chunked:  # else _plan_chunks counted the round's tokens
             m.round_tokens.observe(sum(k + 1 for k in ks))
         for job, draft, out in zip(batch, drafts, outcomes):
             if job.done or job.cancelled:
@@ -366,11 +375,12 @@ class TargetScheduler(Admission):
             self._commit(job, draft, out)
         t3 = clock.now()
         m.phase.labels("draft_wait").observe(draft_wait)
-        m.phase.labels("verify").observe(t2 - t1)
+        # A Verify that caches prompt tokens is timed as the round's prefill: the verify phase stays
+        # the cost of verifying, which the cost line and the planner's calibration read.
+        m.phase.labels("prefill" if chunked else "verify").observe(t2 - t1)
         if compute is not None:
             m.phase.labels("rpc").observe(max(0.0, (t2 - t1) - compute))
-        m.phase.labels("prefill").observe(t_prefill)
-        m.phase.labels("router").observe((t3 - t0) - draft_wait - (t2 - t1) - t_prefill)
+        m.phase.labels("router").observe((t3 - t0) - draft_wait - (t2 - t1))
         m.phase.labels("round").observe(t3 - t0)
         self.balance.observe_round(draft_wait, t3 - t0)
 

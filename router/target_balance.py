@@ -292,8 +292,10 @@ class TargetBalance:
             )
         self.k_cap = cap
 
-    def speculation(self, batch: list[Job], ks: list[int]) -> list[int]:
-        """The round's draft lengths with AUTO requests switched off where plain decoding is faster."""
+    def speculation(self, batch: list[Job], ks: list[int], measured: bool) -> list[int]:
+        """The round's draft lengths with AUTO requests switched off where plain decoding is faster.
+        ``measured``: whether the round's verify will be timed for the cost line (not when it holds
+        a request's first round or prompt chunks): only such a round is a plain-decoding probe."""
         if not batch or not self._decided():
             return ks  # off, or not enough measured acceptance to decide anything yet
         now = clock.now()
@@ -327,7 +329,7 @@ class TargetBalance:
                 ks,
             )
         ks = self._fallback(batch, jobs, flags, cost, now, [0 if off else k for k, off in zip(ks, flags)])
-        return self._plain_probe(batch, jobs, ks)
+        return self._plain_probe(batch, jobs, ks, measured)
 
     # ---- n-gram drafts for AUTO requests ---------------------------------------------------------
     def _fallback(
@@ -361,13 +363,13 @@ class TargetBalance:
             self.ngram_pool = remember(self.ngram_pool, *scored, memory=POOL_MEMORY)
             job.ngram_guess = None
 
-    def _plain_probe(self, batch: list[Job], jobs: list[SpecJob], ks: list[int]) -> list[int]:
-        """The round's draft lengths, AUTO ones 0 where a plain round is due (plain_probe_due). Not
-        in a round holding a request's first: that round's verify is not measured (it holds the
-        drafter's prefill), and the request's first Propose is what gives its drafter the prompt."""
+    def _plain_probe(self, batch: list[Job], jobs: list[SpecJob], ks: list[int], measured: bool) -> list[int]:
+        """The round's draft lengths, AUTO ones 0 where a plain round is due (plain_probe_due). Only
+        in a ``measured`` round: a round holding a request's first holds the drafter's prefill (and
+        that request's first Propose is what gives its drafter the prompt), one holding prompt
+        chunks the target's."""
         cfg = self.s.cfg.speculation_off
         speculating = sum(j.auto and k > 0 for j, k in zip(jobs, ks))
-        measured = all(j.state.generated for j in batch)
         if measured and plain_probe_due(self.rounds_since_plain, speculating, cfg):
             ks = [0 if j.auto else k for j, k in zip(jobs, ks)]
             self.s.metrics.rebalance_actions.labels("plain_probe").inc()

@@ -5,7 +5,7 @@ gigabytes for long ones. It raises :class:`TargetRestarted` instead, and the sch
 requests cache their committed tokens again in chunks within the rounds' token budget, as prompts
 are (docs/design.md, "Recovery"); the committed tokens did not change, so each request completes
 unchanged (invariant 1). A batch that fails is verified item by item, so one bad item does not fail
-the others."""
+the others; a round's prompt chunks ride in its Verify, and in a Prefill of their own when it fails."""
 
 from __future__ import annotations
 
@@ -84,32 +84,53 @@ class TargetLink:
         resp, compute = await self._replayed("Verify", request, len(request.items), cached_on)
         return list(resp.outcomes), compute
 
-    async def prefill(self, seqs: list[worker_pb2.Sequence], cached_on: int) -> None:
+    async def prefill(self, seqs: Sequence[worker_pb2.Sequence], cached_on: int) -> None:
         """Cache all but the last token of each sequence (prompt chunks) on the target process
         ``cached_on`` (TargetRestarted if another serves)."""
         await self._replayed("Prefill", worker_pb2.PrefillRequest(sequences=seqs), len(seqs), cached_on)
 
-    def encode(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> worker_pb2.VerifyRequest:
+    def encode(
+        self, jobs: Sequence[Job], drafts: Sequence[Draft], prefill: Sequence[worker_pb2.Sequence] = ()
+    ) -> worker_pb2.VerifyRequest:
         """A round's Verify request: each job's committed tokens (its whole context: the worker's
-        cache is only a cache) and its draft, built into the request once."""
-        request = worker_pb2.VerifyRequest()
+        cache is only a cache) and its draft, built into the request once, and the round's prompt
+        chunks."""
+        request = worker_pb2.VerifyRequest(prefill=prefill)
         for job, draft in zip(jobs, drafts):
             add_verify_item(request, job.key, job.state.tokens, job.params, job.mode, draft)
         return request
 
-    async def verify(self, jobs: Sequence[Job], drafts: Sequence[Draft], cached_on: int) -> tuple[list, float | None]:
-        """Verify each job's draft on the target process ``cached_on`` (TargetRestarted if another
-        serves): outcomes (or the exception failing that item) in order, and the worker's compute time."""
-        request = self.encode(jobs, drafts)
+    async def verify(
+        self,
+        jobs: Sequence[Job],
+        drafts: Sequence[Draft],
+        cached_on: int,
+        prefill: Sequence[worker_pb2.Sequence] = (),
+    ) -> tuple[list, float | None, BaseException | None]:
+        """Verify each job's draft, and cache the prompt chunks ``prefill`` in the same forward, on
+        the target process ``cached_on`` (TargetRestarted if another serves): outcomes (or the
+        exception failing that item) in order, the worker's compute time, and the exception that
+        failed the chunks (None: cached). A call that fails is split: the chunks in a Prefill of
+        their own, then the items."""
+        request = self.encode(jobs, drafts, prefill)
         items = request.items
         try:
-            return await self._verify_call(request, cached_on)
+            outcomes, compute = await self._verify_call(request, cached_on)
+            return outcomes, compute, None
         except WorkerUnavailable as exc:
-            return [exc] * len(items), None
+            return [exc] * len(items), None, exc
         except grpc.aio.AioRpcError as exc:
-            if len(items) == 1:
-                return [RpcStatusError(exc.code(), exc.details() or "verification failed")], None
+            if len(items) == 1 and not prefill:
+                return [RpcStatusError(exc.code(), exc.details() or "verification failed")], None, None
             log.warning("batch verify failed (%s: %s); verifying items one by one", exc.code().name, exc.details())
+        chunks_failed = None
+        if prefill:
+            try:
+                await self.prefill(prefill, cached_on)
+            except WorkerUnavailable as exc:
+                chunks_failed = exc
+            except grpc.aio.AioRpcError as exc:
+                chunks_failed = RpcStatusError(exc.code(), exc.details() or "the target refused a prompt chunk")
         out: list = []
         for item in items:  # isolate the bad item: the others keep being served
             try:
@@ -118,7 +139,7 @@ class TargetLink:
                 out.append(exc)
             except grpc.aio.AioRpcError as exc:
                 out.append(RpcStatusError(exc.code(), exc.details() or "verification failed"))
-        return out, None
+        return out, None, chunks_failed
 
     async def tokenize(
         self, text: str, chat: bool, timeout: float, messages: list[tuple[str, str]] | None = None

@@ -8,9 +8,11 @@ A request's trace::
     (POST /v1/completions)                    over HTTP, the gateway's SERVER span above (gateway/http_spans.py)
     specdec.v1.Generation/Generate            SERVER; child of the caller's traceparent (or the gateway's)
     ├── specdec.v1.TargetService/Tokenize     the target worker's span (text prompts)
-    ├── prefill                               a round that cached a chunk of its prompt
-    │   └── specdec.v1.TargetService/Prefill  (and the drafter's DraftService/Prefill)
+    ├── prefill                               a round that cached a chunk of its prompt (not the last)
+    │   ├── specdec.v1.TargetService/Verify   the round's call, where no request of it verifies
+    │   └── specdec.v1.DraftService/Prefill
     └── round                                 one per round that verified it: SpeculationStats.rounds
+                                              (specdec.prefill.tokens: the prompt tokens its row cached first)
         ├── draft_wait                        the round waiting for its drafts
         │   └── specdec.v1.DraftService/Propose
         ├── verify
@@ -124,6 +126,14 @@ class RoundTrace:
         for span in self.spans:
             span.set_attribute("specdec.target_restarted", True)
 
+    def prefilled(self, chunked: Sequence[tuple[Job, int]]) -> None:
+        """The prompt tokens each job's verify row caches ahead of its first verdict (its prompt's
+        last chunk, or all of a short one) on its round span."""
+        spans = dict(zip(map(id, self.jobs), self.spans))
+        for job, tokens in chunked:
+            if (span := spans.get(id(job))) is not None:
+                span.set_attribute("specdec.prefill.tokens", tokens)
+
     def outcomes(self, batch: Sequence[Job], drafts: Sequence[Any], outcomes: Sequence[Any]) -> None:
         """Each job's draft length and accepted tokens (or its failure) on its round span."""
         spans = dict(zip(map(id, self.jobs), self.spans))
@@ -167,6 +177,9 @@ class _Off:
         return _NULL
 
     def outcomes(self, batch, drafts, outcomes) -> None:
+        return None
+
+    def prefilled(self, chunked) -> None:
         return None
 
     def restarted(self) -> None:

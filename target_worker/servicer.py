@@ -124,14 +124,19 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
         }
 
     # ---- RPCs --------------------------------------------------------------------------------
+    def _chunks(self, wire: Iterable[worker_pb2.Sequence], field: str) -> list[WireSequence]:
+        """Prompt chunks to cache (Prefill's sequences, Verify's prefill), checked."""
+        vocab = self.runner.vocab_size
+        seqs = [sequence_from_proto(s, vocab, field) for s in wire]
+        for s in seqs:
+            self._check_context(s, 0, f"{field}.tokens")
+        return seqs
+
     @rpc_method
     def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
         self._check_batch(len(request.sequences), "sequences")
-        vocab = self.runner.vocab_size
-        seqs = [sequence_from_proto(s, vocab, "sequences") for s in request.sequences]
+        seqs = self._chunks(request.sequences, "sequences")
         _unique_ids((s.request_id for s in seqs), "sequences.request_id")
-        for s in seqs:
-            self._check_context(s, 0, "sequences.tokens")
         if not seqs:
             return worker_pb2.PrefillResponse()
 
@@ -150,7 +155,7 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
 
     @rpc_method
     def Verify(self, request: worker_pb2.VerifyRequest, context) -> worker_pb2.VerifyResponse:
-        self._check_batch(len(request.items), "items")
+        self._check_batch(len(request.items) + len(request.prefill), "items")
         vocab = self.runner.vocab_size
         items = []
         for item in request.items:
@@ -172,14 +177,19 @@ class TargetServicer(worker_pb2_grpc.TargetServiceServicer):
             self._check_context(seq, len(draft.tokens), "items")  # a tree's nodes are stored one after another
             items.append(VerifyItem(seq.request_id, seq.tokens, seq.params, seq.mode, draft))
         _unique_ids((i.request_id for i in items), "items.sequence.request_id")
-        if not items:
+        chunks = self._chunks(request.prefill, "prefill")
+        ids = [c.request_id for c in chunks] + [i.request_id for i in items]
+        _unique_ids(ids, "prefill.request_id")  # a request's chunk and its verify in one call
+        if not ids:
             return worker_pb2.VerifyResponse()
 
         def verify() -> tuple[list, float]:
             t0 = time.perf_counter()  # as in Prefill
             with self.meter.compute():
-                self._check_capacity([i.request_id for i in items])
-                return self.verifier.verify(items), time.perf_counter() - t0
+                self._check_capacity(ids)
+                return self.verifier.verify(items, [(c.request_id, c.tokens, c.params) for c in chunks]), (
+                    time.perf_counter() - t0
+                )
 
         results, seconds = on_torch_thread(verify)
         report_compute(context, seconds)

@@ -21,7 +21,7 @@ import asyncio
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cluster.planning.costs import Costs
 from cluster.planning.devices import Call, Device, Worker
@@ -151,10 +151,12 @@ class SimNgram:
 @dataclass
 class SimVerifyRequest:
     """A round's Verify as a simulated target needs it: (request key, its tokens, its draft) per
-    row. A simulated link passes it instead of the protobuf request, whose encoding of every row's
-    whole context is the service's cost of a round, not a decision."""
+    row, and (request key, its tokens) per prompt chunk cached beside them. A simulated link passes
+    it instead of the protobuf request, whose encoding of every row's whole context is the service's
+    cost of a round, not a decision."""
 
     items: list[tuple[str, int, Draft]]
+    prefill: list[tuple[str, int]] = field(default_factory=list)
 
 
 class SimTargetLink(TargetLink):
@@ -167,12 +169,23 @@ class SimTargetLink(TargetLink):
         super().__init__(link.name, link.target, link.cfg)
         self.costs = costs
 
-    def encode(self, jobs: Sequence[Job], drafts: Sequence[Draft]) -> SimVerifyRequest:  # type: ignore[override]
-        return SimVerifyRequest([(j.key, len(j.state.tokens), d) for j, d in zip(jobs, drafts)])
+    def encode(  # type: ignore[override]
+        self, jobs: Sequence[Job], drafts: Sequence[Draft], prefill: Sequence[worker_pb2.Sequence] = ()
+    ) -> SimVerifyRequest:
+        return SimVerifyRequest(
+            [(j.key, len(j.state.tokens), d) for j, d in zip(jobs, drafts)],
+            [(s.request_id, len(s.tokens)) for s in prefill],
+        )
 
-    async def verify(self, jobs: Sequence[Job], drafts: Sequence[Draft], cached_on: int) -> tuple[list, float | None]:
+    async def verify(
+        self,
+        jobs: Sequence[Job],
+        drafts: Sequence[Draft],
+        cached_on: int,
+        prefill: Sequence[worker_pb2.Sequence] = (),
+    ) -> tuple[list, float | None, BaseException | None]:
         await asyncio.sleep(self.costs.router_s(len(jobs)))
-        return await super().verify(jobs, drafts, cached_on)
+        return await super().verify(jobs, drafts, cached_on, prefill)
 
 
 class _Stub:
@@ -297,12 +310,21 @@ class SimWorker:
     async def _verify(self, request: SimVerifyRequest):
         c = self.costs
         items = request.items
-        rows = len(items)
+        # Tokens each row computes: a verify row its draft and the committed tokens its cache lacks
+        # (one, or a prompt's last chunk too), a prompt chunk all but its last token.
+        new = [n - min(self.cached.get(key, 0), n - 1) + d.k for key, n, d in items]
+        new += [max(0, n - 1 - self.cached.get(key, 0)) for key, n in request.prefill]
+        context = max([n for _, n, _ in items] + [n for _, n in request.prefill])
         # The target's GEMMs run over the rows' tokens packed (runner.forward), so a round costs what
-        # uniform rows of the mean width cost, not the widest row times the batch; a tree's nodes
-        # are its row's tokens.
-        width = sum(d.k + 1 for _, _, d in items) / rows
-        compute = await self._run(c.verify_rpc_s, c.verify_s(rows, width, max(n for _, n, _ in items)))
+        # uniform rows of the mean width cost, not the widest row times the batch; a tree's nodes are
+        # its row's tokens.
+        work = c.verify_s(len(items), sum(d.k + 1 for _, _, d in items) / len(items), context) if items else 0.0
+        if request.prefill or sum(new) > sum(d.k + 1 for _, _, d in items):
+            # A forward that also caches prompt tokens costs at least a prefill of all its tokens.
+            work = max(work, c.prefill_s(1, sum(new), context))
+        compute = await self._run(c.verify_rpc_s, work)
+        for key, n in request.prefill:
+            self.cached[key] = max(self.cached.get(key, 0), n - 1)
         outcomes = []
         for key, n, d in items:
             if d.parents is not None:

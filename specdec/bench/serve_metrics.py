@@ -61,7 +61,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 def phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | None:
     """The split of the scheduler's rounds between two scrapes. Its ``rounds`` are batch rounds
     (one Verify for every request in the batch), and every ``*_per_round`` and
-    ``drafted_per_round`` figure is per batch round. A summary's own ``rounds`` count
+    ``drafted_per_round`` figure is per batch round; ``verify_ms_per_round`` per round that only
+    verified (one whose Verify cached prompt chunks counts as prefill). A summary's own ``rounds`` count
     request-rounds, so their ratio is the mean batch (cluster/planning/calibration.py reads it so)."""
     if before is None or after is None:
         return None
@@ -75,7 +76,10 @@ def phase_split(before: dict | None, after: dict | None) -> dict[str, Any] | Non
     split = {"rounds": int(rounds)}
     for phase in ("draft_wait", "verify", "rpc", "prefill", "router", "round"):
         if f"sum:{phase}" in after:
-            split[f"{phase}_ms_per_round"] = round(1000.0 * d(f"sum:{phase}") / rounds, 3)
+            # A round whose Verify also cached prompt chunks is timed as prefill, not verify (router/
+            # scheduler.py): the verify phase is the mean of the rounds that only verified.
+            per = max(d("count:verify"), 1.0) if phase == "verify" and "count:verify" in after else rounds
+            split[f"{phase}_ms_per_round"] = round(1000.0 * d(f"sum:{phase}") / per, 3)
     split["drafted_per_round"] = round(d("specdec_drafted_tokens_total") / rounds, 3)
     proposes = d("specdec_propose_compute_seconds_count")
     if proposes > 0:  # the draft worker's compute per timed Propose, and that Propose's size

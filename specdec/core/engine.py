@@ -3,9 +3,9 @@
 Each round: new prompts are cached in fixed-size chunks within the round's token budget
 (:mod:`specdec.core.prefill_plan`, the same policy as the router's), the drafter proposes up to k
 tokens per decoding request, the target verifies all rows in one batched forward ([last committed
-token] + draft), the verifier accepts a prefix plus one target token, the stop rules are applied
-token by token, and the target's KV cache is rolled back past the rejected tokens. Target-only
-decoding (k = 0) runs through the same loop.
+token] + draft) that also caches the round's prompt chunks, the verifier accepts a prefix plus one
+target token, the stop rules are applied token by token, and the target's KV cache is rolled back
+past the rejected tokens. Target-only decoding (k = 0) runs through the same loop.
 """
 
 from __future__ import annotations
@@ -118,20 +118,21 @@ class SpecEngine:
         while self.waiting and self.verifier.free_slots > sum(not self.verifier.has(r.id) for r in self.running):
             self.running.append(self.waiting.popleft())
 
-    def _prefill(self, verify_tokens: int) -> None:
-        """Cache this round's prompt chunks (one forward), as the budget allows."""
+    def _prefill(self, verify_tokens: int) -> list[tuple[str, list[int], SamplingParams]]:
+        """This round's prompt chunks, as the budget allows: the drafter caches them now; the target
+        caches them in the round's verify forward (TargetVerifier.verify), a prompt's last chunk in
+        its first verify row. Returns the chunks that are not a prompt's last."""
         prefilling = [r for r in self.running if r.prefilling]
         needs = [PrefillNeed(r.id, r.prefilled, r.prefill_total) for r in prefilling]
         plan = plan_prefill(needs, verify_tokens, self.max_batched_tokens, self.prefill_chunk)
         chunks = [r for r in prefilling if r.id in plan]
+        # The verifier caches all but the last token it is given: pass the prompt up to the chunk's end.
         if chunks:
-            # The verifier caches all but the last token it is given: pass the prompt up to the chunk's end.
-            self.verifier.prefill([(r.id, r.prompt_ids[: plan[r.id] + 1], r.params) for r in chunks])
-            self.drafter.prefill(
-                [DraftInput(r.id, r.prompt_ids[: plan[r.id] + 1], r.params, r.mode, 0) for r in chunks]
-            )
-            for r in chunks:
-                r.prefilled = plan[r.id]
+            ends = [r.prompt_ids[: plan[r.id] + 1] for r in chunks]
+            self.drafter.prefill([DraftInput(r.id, toks, r.params, r.mode, 0) for r, toks in zip(chunks, ends)])
+        for r in chunks:
+            r.prefilled = plan[r.id]
+        return [(r.id, r.prompt_ids[: plan[r.id] + 1], r.params) for r in chunks if r.prefilling]
 
     # ---- one round ---------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -140,9 +141,10 @@ class SpecEngine:
         decoding = [r for r in self.running if not r.prefilling]
         per_token = self.cost.per_token if self.price_drafts else None
         ks = [r.next_k(max_len, per_token) for r in decoding]
-        self._prefill(sum(k + 1 for k in ks))
+        chunks = self._prefill(sum(k + 1 for k in ks))
         batch = decoding + [r for r in self.running if r not in decoding and not r.prefilling]
         if not batch:
+            self.verifier.prefill(chunks)
             return []
         ks += [r.next_k(max_len, per_token) for r in batch[len(decoding) :]]
         inputs = [DraftInput(r.id, r.tokens, r.params, r.mode, k) for r, k in zip(batch, ks)]
@@ -152,10 +154,12 @@ class SpecEngine:
         trees = any(d.scores for d in drafts)
         if trees:  # tree drafts cut to the nodes worth verifying (specdec/core/tree_size.py)
             self.tree_sizer.cut(drafts, t1 - t0)
-        results = self.verifier.verify([VerifyItem(r.id, r.tokens, r.params, r.mode, d) for r, d in zip(batch, drafts)])
-        if trees:
+        items = [VerifyItem(r.id, r.tokens, r.params, r.mode, d) for r, d in zip(batch, drafts)]
+        results = self.verifier.verify(items, chunks)
+        if trees and not chunks:
             self.tree_sizer.observe_round(drafts, [res.num_accepted for res in results], time.perf_counter() - t1)
-        if all(r.generated for r in batch):  # a first round holds the drafter's prefill: not a step
+        # A first round holds the drafter's prefill, a round with prompt chunks the target's: not a step.
+        if all(r.generated for r in batch) and not chunks:
             self.cost.update(
                 t1 - t0,
                 max(d.depth for d in drafts),

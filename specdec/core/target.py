@@ -80,30 +80,37 @@ class TargetVerifier:
 
     def prefill(self, items: Sequence[tuple[str, list[int], SamplingParams]]) -> None:
         """Cache all but the last token of each sequence (its logits come with the first verify)."""
-        kept = self._sync(items, [len(toks) - 1 for _, toks, _ in items])
-        rows = [(self.slots[rid], toks[k:-1]) for (rid, toks, _), k in zip(items, kept) if k < len(toks) - 1]
-        if rows:
-            self.runner.forward(
-                [s for s, _ in rows],
-                [f for _, f in rows],
-                num_logits=0,
-                invariant=self._invariant(p for _, _, p in items),
-            )
+        self.verify([], items)
 
-    def verify(self, items: Sequence[VerifyItem]) -> list[VerifyResult]:
-        """One batched forward of [uncached committed tokens] + draft per item, then verification."""
-        if not items:
+    def verify(
+        self, items: Sequence[VerifyItem], prefill: Sequence[tuple[str, list[int], SamplingParams]] = ()
+    ) -> list[VerifyResult]:
+        """One batched forward of [uncached committed tokens] + draft per item, then verification.
+
+        ``prefill``: prompt chunks (other requests) cached in the same forward, all but the last
+        token of each, so the items' rows ride along with them instead of waiting for a forward of
+        their own (docs/design.md, Scheduling). A row's numbers do not depend on the rest of the
+        forward (invariant 2), so this changes no token."""
+        every = [*prefill, *((i.request_id, i.tokens, i.params) for i in items)]
+        if not every:
             return []
-        kept = self._sync([(i.request_id, i.tokens, i.params) for i in items], [len(i.tokens) - 1 for i in items])
+        kept = self._sync(every, [len(toks) - 1 for _, toks, _ in every])
+        chunks = [(self.slots[rid], toks[k:-1]) for (rid, toks, _), k in zip(prefill, kept) if k < len(toks) - 1]
+        kept = kept[len(prefill) :]
+        invariant = self._invariant(p for _, _, p in every)
         if any(i.draft.parents is not None for i in items):
+            if chunks:
+                self.runner.forward([s for s, _ in chunks], [f for _, f in chunks], num_logits=0, invariant=invariant)
             return self._verify_trees(items, kept)
-        feeds = [i.tokens[k:] + i.draft.tokens for i, k in zip(items, kept)]
+        feeds = [f for _, f in chunks] + [i.tokens[k:] + i.draft.tokens for i, k in zip(items, kept)]
+        if not feeds:  # chunks already cached, nothing to verify
+            return []
         logits = self.runner.forward(
-            [self.slots[i.request_id] for i in items],
+            [s for s, _ in chunks] + [self.slots[i.request_id] for i in items],
             feeds,
-            num_logits=[len(i.draft.tokens) + 1 for i in items],
-            invariant=self._invariant(i.params for i in items),
-        )
+            num_logits=[0] * len(chunks) + [len(i.draft.tokens) + 1 for i in items],
+            invariant=invariant,
+        )[len(chunks) :]
         results = []
         for item, row_logits in zip(items, logits):
             result, _ = self._verdict(item, row_logits)

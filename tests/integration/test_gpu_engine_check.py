@@ -134,8 +134,8 @@ def test_an_output_that_differs_from_k0_fails_the_check(scripts, monkeypatch):
 
     verify = TargetVerifier.verify
 
-    def off_by_one(self, items):
-        results = verify(self, items)
+    def off_by_one(self, items, prefill=()):
+        results = verify(self, items, prefill)
         for item, result in zip(items, results):
             if item.draft.tokens:
                 result.tokens[-1] = (result.tokens[-1] + 1) % pair.vocab_size

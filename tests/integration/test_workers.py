@@ -269,6 +269,26 @@ def test_verify_with_empty_draft(workers, reference):
     assert rel.released == 1
 
 
+def test_verify_caches_prompt_chunks_in_the_same_forward(workers, reference):
+    """A Verify's ``prefill`` sequences are cached in its forward, all but their last token, beside
+    the items' rows (the router's prompt chunks ride with the other requests' verify rows): both
+    hold a slot after the call, the item gets the tokens a Verify alone gives, and the chunk's
+    request then verifies to the same tokens. A request cannot be in both lists."""
+    stub, prompt = workers.target.stub, reference["prompt"]
+    first = reference["results"]["greedy"].token_ids[:1]
+    chunk = sequence_to_proto("chunked", prompt, GREEDY, None)
+    item = worker_pb2.VerifyItem(sequence=sequence_to_proto("beside", prompt, GREEDY, None))
+    (out,) = stub.Verify(worker_pb2.VerifyRequest(items=[item], prefill=[chunk])).outcomes
+    assert out.request_id == "beside" and list(out.tokens) == first
+    assert workers.target.info().free_slots == TARGET_SLOTS - 2
+    (later,) = stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(sequence=chunk)])).outcomes
+    assert list(later.tokens) == first
+    twice = worker_pb2.VerifyRequest(items=[item], prefill=[item.sequence])
+    code, msg = code_of(lambda: stub.Verify(twice))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "twice" in msg
+    assert stub.Release(worker_pb2.ReleaseRequest(request_ids=["chunked", "beside"])).released == 2
+
+
 def test_slots_exhausted_eviction_and_release(workers, reference):
     stub, prompt = workers.target.stub, reference["prompt"]
     seqs = [sequence_to_proto(f"slot-{i}", prompt, GREEDY, None) for i in range(TARGET_SLOTS)]

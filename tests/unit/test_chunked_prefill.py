@@ -40,23 +40,22 @@ def _engine(paths, dtype, budget=BUDGET, chunk=CHUNK, draft=True, slots=6, targe
 
 
 def _record_prefills(engine: SpecEngine) -> list[list[tuple[int, int]]]:
-    """Per prefill forward: (tokens already cached, tokens cached after) for each chunk in it."""
+    """Per target forward that caches prompt tokens: (tokens already cached, tokens cached after)
+    for each chunk in it, those it caches for later rounds and a prompt's last in its first verify."""
     calls: list[list[tuple[int, int]]] = []
-    inner = engine.verifier.prefill
+    inner = engine.verifier.verify
 
-    def prefill(items):
-        calls.append(
-            [
-                (
-                    engine.target.lengths[engine.verifier.slots[rid]] if rid in engine.verifier.slots else 0,
-                    len(toks) - 1,
-                )
-                for rid, toks, _ in items
-            ]
-        )
-        return inner(items)
+    def cached(rid: str) -> int:
+        return engine.target.lengths[engine.verifier.slots[rid]] if rid in engine.verifier.slots else 0
 
-    engine.verifier.prefill = prefill
+    def verify(items, prefill=()):
+        rows = [(cached(rid), len(toks) - 1) for rid, toks, _ in prefill]
+        rows += [(cached(i.request_id), len(i.tokens) - 1) for i in items if cached(i.request_id) < len(i.tokens) - 1]
+        if rows:
+            calls.append(rows)
+        return inner(items, prefill)
+
+    engine.verifier.verify = verify
     return calls
 
 

@@ -6,7 +6,6 @@ worker that records the prompt chunks it is sent."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -186,8 +185,8 @@ def test_one_client_is_planned_by_request_as_before(prompts, verify_tokens, budg
 
 
 class _Target:
-    """A target worker's client as the scheduler uses it: its info, and Prefill calls it records
-    as {job key: tokens cached after the call}."""
+    """A target worker's client as the scheduler uses it: its info, and the rounds' prompt chunks
+    (which its Verify calls would cache) as {job key: tokens cached after the round}."""
 
     def __init__(self, slots: int):
         self.name = "target-0"
@@ -198,11 +197,6 @@ class _Target:
 
     async def wait_up(self, timeout: float) -> None:
         return None
-
-    async def call_timed(self, method: str, request, timeout: float):
-        assert method == "Prefill"
-        self.prefills.append({s.request_id: len(s.tokens) - 1 for s in request.sequences})
-        return SimpleNamespace(outcomes=[None] * len(request.sequences)), None
 
     async def release(self, keys: list[str]) -> None:
         return None
@@ -225,14 +219,15 @@ def _submit(sched: TargetScheduler, client: str, name: str, n_tokens: int) -> Jo
 
 
 async def _round_prefill(sched: TargetScheduler, target: _Target) -> dict[str, str]:
-    """What a lane does at a round's start: admit and take its batch, then cache the round's
-    prompt chunks. Returns the round's chunks as {request id: client}."""
+    """What a lane does at a round's start: admit and take its batch, then plan the round's prompt
+    chunks. Returns the round's chunks as {request id: client}."""
     batch = sched._take(0)
     try:
-        await sched._prefill(batch, verify_tokens=0, process=target.restarts)
+        chunked = sched._plan_chunks(batch, verify_tokens=0, process=target.restarts)
     finally:
         for job in batch:
             job.in_flight = False
+    target.prefills.append({j.key: j.state.prefilled for j, _ in chunked})
     by_key = {j.key: j for j in sched.running}
     return {by_key[k].request_id: by_key[k].client for k in target.prefills[-1]}
 

@@ -59,6 +59,8 @@ class _CachingTarget:
                 self._compute(s.request_id, s.tokens, len(s.tokens) - 1)
             return worker_pb2.PrefillResponse(outcomes=[worker_pb2.PrefillOutcome() for _ in request.sequences]), None
         assert method == "Verify"
+        for s in request.prefill:  # prompt chunks cached in the same forward
+            self._compute(s.request_id, s.tokens, len(s.tokens) - 1)
         outcomes = []
         for item in request.items:
             tokens = list(item.sequence.tokens)

@@ -99,10 +99,12 @@ class VerifyItem(_message.Message):
     def __init__(self, sequence: _Optional[_Union[Sequence, _Mapping]] = ..., draft: _Optional[_Union[Draft, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "prefill")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[VerifyItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ...) -> None: ...
+    prefill: _containers.RepeatedCompositeFieldContainer[Sequence]
+    def __init__(self, items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., prefill: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ...) -> None: ...
 
 class VerifyOutcome(_message.Message):
     __slots__ = ("request_id", "tokens", "num_accepted")

@@ -288,8 +288,8 @@ class TargetServiceServicer:
 
     def Prefill(self, request, context):
         """Caches all but the last token of each sequence ahead of its first
-        Verify: the router's chunked prefill sends a prompt here one fixed-size
-        chunk per round (Verify also rebuilds a missing cache itself).
+        Verify. The router sends a prompt's chunks with its Verify calls
+        (VerifyRequest.prefill); it calls Prefill when such a Verify failed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -298,7 +298,8 @@ class TargetServiceServicer:
     def Verify(self, request, context):
         """Runs the target on each sequence's last committed token plus its draft
         and verifies the draft (one VerifyOutcome per VerifyItem, in order).
-        A draft with no tokens is plain decoding (k = 0: fail open).
+        A draft with no tokens is plain decoding (k = 0: fail open). The
+        prompt chunks in `prefill` are cached in the same forward pass.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
