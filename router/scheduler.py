@@ -305,9 +305,10 @@ class TargetScheduler(Admission):
         batch = decoding + first
         ks += [self._want_k(j) for j in first]
         with round_trace(caching, "prefill"), round_trace(batch) as trace:
-            # The drafters cache the same chunks meanwhile (a prompt's last goes with its first Propose).
-            self.drafting.prefill(caching, {j.key: j.state.prefilled for j in caching})
-            trace.prefilled(chunked)
+            if chunked:
+                # The drafters cache the same chunks meanwhile (a prompt's last goes with its first Propose).
+                self.drafting.prefill(caching, {j.key: j.state.prefilled for j in caching})
+                trace.prefilled(chunked)
             try:
                 if batch:
                     await self._verify_round(batch, ks, caching, bool(chunked), t0, trace, process)

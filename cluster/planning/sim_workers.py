@@ -318,8 +318,9 @@ class SimWorker:
         # The target's GEMMs run over the rows' tokens packed (runner.forward), so a round costs what
         # uniform rows of the mean width cost, not the widest row times the batch; a tree's nodes are
         # its row's tokens.
-        work = c.verify_s(len(items), sum(d.k + 1 for _, _, d in items) / len(items), context) if items else 0.0
-        if request.prefill or sum(new) > sum(d.k + 1 for _, _, d in items):
+        verify_tokens = sum(d.k + 1 for _, _, d in items)
+        work = c.verify_s(len(items), verify_tokens / len(items), context) if items else 0.0
+        if sum(new) > verify_tokens:
             # A forward that also caches prompt tokens costs at least a prefill of all its tokens.
             work = max(work, c.prefill_s(1, sum(new), context))
         compute = await self._run(c.verify_rpc_s, work)

@@ -126,13 +126,14 @@ class SpecEngine:
         needs = [PrefillNeed(r.id, r.prefilled, r.prefill_total) for r in prefilling]
         plan = plan_prefill(needs, verify_tokens, self.max_batched_tokens, self.prefill_chunk)
         chunks = [r for r in prefilling if r.id in plan]
+        if not chunks:
+            return []
         # The verifier caches all but the last token it is given: pass the prompt up to the chunk's end.
-        if chunks:
-            ends = [r.prompt_ids[: plan[r.id] + 1] for r in chunks]
-            self.drafter.prefill([DraftInput(r.id, toks, r.params, r.mode, 0) for r, toks in zip(chunks, ends)])
+        ends = [r.prompt_ids[: plan[r.id] + 1] for r in chunks]
+        self.drafter.prefill([DraftInput(r.id, toks, r.params, r.mode, 0) for r, toks in zip(chunks, ends)])
         for r in chunks:
             r.prefilled = plan[r.id]
-        return [(r.id, r.prompt_ids[: plan[r.id] + 1], r.params) for r in chunks if r.prefilling]
+        return [(r.id, toks, r.params) for r, toks in zip(chunks, ends) if r.prefilling]
 
     # ---- one round ---------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
